@@ -1,0 +1,268 @@
+"""The loop program: loops over structurally named axis pieces, and blocks that compute one point.
+
+A `Program` is a tree of `Loop`s, `Alloc`s (a local buffer's scope) and `Block`s (TensorIR's
+term): a block states one point of a stage's computation over its own axes, and binds each axis to
+the loops around it as a mixed-radix sum (`i = 64*C.i.0 + 8*C.i.1 + C.i.2`). Schedules only move,
+split and annotate loops and rebind axes; block bodies keep the stage's own index expressions, so
+every program's meaning is readable off the tree.
+
+Loop names are structural: `C.i` is axis `i` of block `C`'s nest; splitting it gives `C.i.0`,
+`C.i.1`; splitting `C.i.1` gives `C.i.1.0`, `C.i.1.1`. The reduction's init is its own block
+(`C.init`) in its own nest, before the update nest (`C.update`): TensorIR's decompose_reduction
+at the outermost loop. Fusing the init back into the update nest is an ordinary `fuse`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Callable, Iterator, Union
+
+from .expr import Const, Expr, Load, Var
+from .te import Axis, Computation
+
+
+class LoopKind(str, Enum):
+    SERIAL = "serial"
+    PARALLEL = "parallel"
+    VECTORIZED = "vectorized"
+    UNROLLED = "unrolled"
+
+
+class Scope(str, Enum):
+    INPUT = "input"  # passed in by the caller, read only
+    OUTPUT = "output"  # passed in by the caller, written
+    GLOBAL = "global"  # intermediate, allocated by the runtime for one call
+    LOCAL = "local"  # small scratch (register tile), allocated in the kernel at an `Alloc`
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    scope: Scope
+    dtype: str = "float32"
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """`axis = sum(stride * loop) + offset` over enclosing loops."""
+
+    axis: str
+    terms: tuple[tuple[str, int], ...]  # (loop name, stride), outer to inner
+    offset: int = 0
+
+    def expr(self) -> Expr:
+        out: Expr = Const(self.offset, "int")
+        first = True
+        for loop, stride in self.terms:
+            t: Expr = Var(loop) if stride == 1 else Var(loop) * stride
+            out = t if first and self.offset == 0 else out + t
+            first = False
+        return out
+
+
+@dataclass(frozen=True)
+class Block:
+    """`buffer[indices] = value`, or `buffer[indices] = reduce(buffer[indices], value)`.
+
+    `indices` and `value` are expressions over the block's axes; `bindings` says how each axis
+    is computed from the enclosing loops.
+    """
+
+    name: str
+    stage: str
+    axes: tuple[Axis, ...]
+    bindings: tuple[Binding, ...]
+    buffer: str
+    indices: tuple[Expr, ...]
+    value: Expr
+    reduce: str | None = None
+
+    def axis(self, name: str) -> Axis:
+        for a in self.axes:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def binding(self, axis: str) -> Binding:
+        for b in self.bindings:
+            if b.axis == axis:
+                return b
+        raise KeyError(axis)
+
+    def loops_used(self) -> set[str]:
+        return {lp for b in self.bindings for lp, _ in b.terms}
+
+    def axis_of_loop(self, loop: str) -> str | None:
+        for b in self.bindings:
+            if any(lp == loop for lp, _ in b.terms):
+                return b.axis
+        return None
+
+    def reads(self) -> list[Load]:
+        from .expr import loads
+
+        out = loads(self.value)
+        if self.reduce is not None:
+            out.append(Load(self.buffer, self.indices))
+        return out
+
+
+@dataclass(frozen=True)
+class Loop:
+    name: str
+    extent: int
+    kind: LoopKind
+    body: tuple["Node", ...]
+
+    @property
+    def lanes(self) -> int:
+        return self.extent if self.kind == LoopKind.VECTORIZED else 1
+
+
+@dataclass(frozen=True)
+class Alloc:
+    """The scope of a local buffer: it exists (uninitialized) for each execution of `body`."""
+
+    buffer: str
+    body: tuple["Node", ...]
+
+
+Node = Union[Loop, Block, Alloc]
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    buffers: tuple[Buffer, ...]
+    body: tuple[Node, ...]
+    computation: Computation = field(compare=False, hash=False, repr=False)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    @property
+    def inputs(self) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.scope == Scope.INPUT)
+
+    @property
+    def outputs(self) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.scope == Scope.OUTPUT)
+
+    @property
+    def params(self) -> tuple[Buffer, ...]:
+        """Buffers passed to the compiled kernel, in call order: inputs, outputs, intermediates."""
+        order = {Scope.INPUT: 0, Scope.OUTPUT: 1, Scope.GLOBAL: 2}
+        bufs = [b for b in self.buffers if b.scope in order]
+        return tuple(sorted(bufs, key=lambda b: order[b.scope]))
+
+    def blocks(self) -> list[Block]:
+        return [n for n, _ in walk(self.body) if isinstance(n, Block)]
+
+    def loops(self) -> list[Loop]:
+        return [n for n, _ in walk(self.body) if isinstance(n, Loop)]
+
+    def block(self, name: str) -> Block:
+        for b in self.blocks():
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def loop(self, name: str) -> Loop:
+        for lp in self.loops():
+            if lp.name == name:
+                return lp
+        raise KeyError(name)
+
+    def enclosing(self, name: str) -> list[Loop]:
+        """The loops around the loop or block called `name`, outermost first."""
+        for n, path in walk(self.body):
+            if getattr(n, "name", None) == name:
+                return [p for p in path if isinstance(p, Loop)]
+        raise KeyError(name)
+
+    def with_body(self, body: tuple[Node, ...], buffers: tuple[Buffer, ...] | None = None) -> Program:
+        return replace(self, body=body, buffers=self.buffers if buffers is None else buffers)
+
+    def text(self) -> str:
+        from .printer import print_program
+
+        return print_program(self)
+
+    def hash(self) -> str:
+        """Stable content hash (of the canonical printed form)."""
+        return hashlib.sha256(self.text().encode()).hexdigest()[:16]
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def walk(nodes: tuple[Node, ...], path: tuple[Node, ...] = ()) -> Iterator[tuple[Node, tuple[Node, ...]]]:
+    """Pre-order walk yielding each node with the Loops/Allocs around it (outermost first)."""
+    for n in nodes:
+        yield n, path
+        if isinstance(n, (Loop, Alloc)):
+            yield from walk(n.body, path + (n,))
+
+
+def map_nodes(nodes: tuple[Node, ...], fn: Callable[[Node], Node | tuple[Node, ...] | None]) -> tuple[Node, ...]:
+    """Bottom-up rebuild: `fn` sees each node (children already mapped) and returns a replacement
+    node, a tuple of nodes to splice in its place (possibly empty), or None to keep it."""
+    out: list[Node] = []
+    for n in nodes:
+        if isinstance(n, (Loop, Alloc)):
+            n = replace(n, body=map_nodes(n.body, fn))
+        r = fn(n)
+        if r is None:
+            out.append(n)
+        elif isinstance(r, tuple):
+            out.extend(r)
+        else:
+            out.append(r)
+    return tuple(out)
+
+
+def nest(loops: list[tuple[str, int, LoopKind]], inner: tuple[Node, ...]) -> tuple[Node, ...]:
+    """Wrap `inner` in loops given outermost first."""
+    body = inner
+    for name, extent, kind in reversed(loops):
+        body = (Loop(name, extent, kind, body),)
+    return body
+
+
+def _stage_nest(prefix: str, block_name: str, stage_name: str, axes: tuple[Axis, ...],
+                buffer: str, indices: tuple[Expr, ...], value: Expr,
+                reduce: str | None) -> tuple[Node, ...]:
+    loops = [(f"{prefix}.{a.name}", a.extent, LoopKind.SERIAL) for a in axes]
+    bindings = tuple(Binding(a.name, ((lp[0], 1),)) for a, lp in zip(axes, loops))
+    blk = Block(block_name, stage_name, axes, bindings, buffer, indices, value, reduce)
+    return nest(loops, (blk,))
+
+
+def naive_program(comp: Computation) -> Program:
+    """One loop nest per stage, in definition order; a reduction's init is its own nest first."""
+    buffers = [Buffer(t.name, t.shape, Scope.INPUT) for t in comp.inputs]
+    body: list[Node] = []
+    for s in comp.stages:
+        scope = Scope.OUTPUT if s.name in comp.outputs else Scope.GLOBAL
+        buffers.append(Buffer(s.name, s.shape, scope))
+        idx = tuple(a.var for a in s.spatial)
+        if s.reduce is None:
+            body += _stage_nest(s.name, s.name, s.name, s.axes, s.name, idx, s.body, None)
+        else:
+            init = f"{s.name}.init"
+            body += _stage_nest(init, init, s.name, s.spatial, s.name, idx,
+                                Const(s.init_value, "float32"), None)
+            body += _stage_nest(s.name, f"{s.name}.update", s.name, s.axes, s.name, idx, s.body,
+                                s.reduce)
+    return Program(comp.name, tuple(buffers), tuple(body), comp)
