@@ -203,7 +203,10 @@ def compute(
     if unknown:
         raise WorkloadError(f"compute {name}: body uses axes not in this stage: {sorted(unknown)}")
     stage = Stage(name, axes, body, red)
-    deps = {u.name: u for u in reversed(used)}
+    deps: dict[str, Tensor] = {}
+    for u in used:
+        if deps.setdefault(u.name, u) is not u:
+            raise WorkloadError(f"compute {name}: two different tensors are both named {u.name!r}")
     return Tensor(name, shape, stage, tuple(deps[n] for n in sorted(deps)))
 
 

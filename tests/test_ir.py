@@ -1,0 +1,74 @@
+"""Loop-program IR: naive lowering, structural names, printing, hashing."""
+
+from eqsched.expr import exp
+from eqsched.ir import Binding, Block, Loop, LoopKind, Scope, naive_program, walk
+from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
+
+
+def mm_exp(m=4, n=8, k=16):
+    A = placeholder((m, k), "A")
+    B = placeholder((k, n), "B")
+    r = reduce_axis(k, "k")
+    C = compute((m, n), lambda i, j: sum_(A[i, r] * B[r, j], axis=r), "C")
+    D = compute((m, n), lambda i, j: exp(C[i, j]), "D")
+    return Computation("mm_exp", [D])
+
+
+GOLDEN = """\
+program mm_exp
+  input  A: float32[4, 16]
+  input  B: float32[16, 8]
+  global C: float32[4, 8]
+  output D: float32[4, 8]
+for C.init.i in range(4):
+  for C.init.j in range(8):
+    C.init(i = C.init.i, j = C.init.j):
+      C[i, j] = 0.0
+for C.i in range(4):
+  for C.j in range(8):
+    for C.k in range(16):
+      C.update(i = C.i, j = C.j, k = C.k):
+        C[i, j] += A[i, k] * B[k, j]
+for D.i in range(4):
+  for D.j in range(8):
+    D(i = D.i, j = D.j):
+      D[i, j] = exp(C[i, j])
+"""
+
+
+def test_naive_program_prints_as_golden_text():
+    assert naive_program(mm_exp()).text() == GOLDEN
+
+
+def test_buffers_and_params_order():
+    p = naive_program(mm_exp())
+    assert [(b.name, b.scope) for b in p.buffers] == [
+        ("A", Scope.INPUT), ("B", Scope.INPUT), ("C", Scope.GLOBAL), ("D", Scope.OUTPUT)]
+    assert [b.name for b in p.params] == ["A", "B", "D", "C"]
+
+
+def test_queries_by_structural_name():
+    p = naive_program(mm_exp())
+    assert [lp.name for lp in p.enclosing("C.update")] == ["C.i", "C.j", "C.k"]
+    assert p.loop("C.k").extent == 16
+    assert p.block("C.update").axis_of_loop("C.k") == "k"
+    assert [b.name for b in p.blocks()] == ["C.init", "C.update", "D"]
+
+
+def test_hash_is_stable_and_content_based():
+    a, b = naive_program(mm_exp()), naive_program(mm_exp())
+    assert a.hash() == b.hash()
+    assert a.hash() != naive_program(mm_exp(m=8)).hash()
+
+
+def test_binding_expr_rebuilds_a_mixed_radix_axis():
+    b = Binding("i", (("C.i.0", 8), ("C.i.1", 1)))
+    assert str(b.expr()) == "C.i.0 * 8 + C.i.1"
+
+
+def test_walk_reports_enclosing_loops():
+    p = naive_program(mm_exp())
+    paths = {n.name: [x.name for x in path] for n, path in walk(p.body) if isinstance(n, Block)}
+    assert paths["D"] == ["D.i", "D.j"]
+    loop = p.body[0]
+    assert isinstance(loop, Loop) and loop.kind == LoopKind.SERIAL and loop.lanes == 1
