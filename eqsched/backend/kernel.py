@@ -1,0 +1,117 @@
+"""A compiled program: callable on numpy arrays, run in place."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from math import prod
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from ..ir import Buffer, Program, Scope
+from .errors import BackendError
+from .lower import Segment
+from .options import CompileOptions
+from .target import target_machine
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _pools_lock:
+        if workers not in _pools:
+            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="eqsched-kernel")
+        return _pools[workers]
+
+
+def aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
+    """An uninitialized float32 array whose data starts on an `alignment`-byte boundary."""
+    size = prod(shape)
+    raw = np.empty(size + alignment // 4, np.float32)
+    start = (-raw.ctypes.data % alignment) // 4
+    return raw[start:start + size].reshape(shape)
+
+
+class Kernel:
+    """`kernel(*inputs, *outputs)` runs the program in place on float32 C-contiguous arrays.
+
+    Arrays come in `program.inputs + program.outputs` order; intermediates (GLOBAL buffers) are
+    allocated once here and reused by every call.
+    """
+
+    def __init__(self, program: Program, engine: llvm.ExecutionEngine, segments: list[Segment],
+                 optimized_ir: str, options: CompileOptions, info: dict[str, object]):
+        self.program = program
+        self.options = options
+        self.info = info
+        self._engine = engine  # owns the machine code: keep it as long as the kernel
+        self._optimized_ir = optimized_ir
+        self._args: tuple[Buffer, ...] = program.inputs + program.outputs
+        self._intermediates = [aligned_empty(b.shape) for b in program.params
+                               if b.scope == Scope.GLOBAL]
+        self._intermediate_ptrs = [a.ctypes.data for a in self._intermediates]
+        n_ptrs = len(program.params)
+        self._steps: list[tuple[Callable[..., None], int | None]] = []
+        for seg in segments:
+            extra = [ctypes.c_int64] * 2 if seg.parallel_extent is not None else []
+            proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptrs), *extra)
+            self._steps.append((proto(engine.get_function_address(seg.function)),
+                                seg.parallel_extent))
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        ptrs = self._pointers(arrays) + self._intermediate_ptrs
+        for fn, extent in self._steps:
+            if extent is None:
+                fn(*ptrs)
+            else:
+                self._run_parallel(fn, extent, ptrs)
+
+    def _run_parallel(self, fn: Callable[..., None], extent: int, ptrs: list[int]) -> None:
+        n = min(self.options.thread_count, extent)
+        bounds = [(extent * t // n, extent * (t + 1) // n) for t in range(n)]
+        # ctypes releases the GIL during the call, so the chunks run on separate cores.
+        pending = [_pool(n - 1).submit(fn, *ptrs, lo, hi) for lo, hi in bounds[1:]] if n > 1 else []
+        fn(*ptrs, *bounds[0])
+        for p in pending:
+            p.result()
+
+    def _pointers(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
+        name = self.program.name
+        if len(arrays) != len(self._args):
+            expected = ", ".join(b.name for b in self._args)
+            raise BackendError(f"kernel {name} takes {len(self._args)} arrays ({expected}), "
+                               f"got {len(arrays)}")
+        for arr, buf in zip(arrays, self._args):
+            if not isinstance(arr, np.ndarray):
+                kind = type(arr).__name__
+                raise BackendError(f"{name}: {buf.name} must be a numpy array, got {kind}")
+            if arr.dtype != np.float32:
+                raise BackendError(f"{name}: {buf.name} must be float32, got {arr.dtype}")
+            if arr.shape != buf.shape:
+                raise BackendError(
+                    f"{name}: {buf.name} must have shape {buf.shape}, got {arr.shape}")
+            if not arr.flags.c_contiguous:
+                raise BackendError(f"{name}: {buf.name} must be C-contiguous")
+            if buf.scope == Scope.OUTPUT and not arr.flags.writeable:
+                raise BackendError(f"{name}: output {buf.name} is read-only")
+        # Pointer arguments are `noalias`: an output sharing memory would be miscompiled.
+        for i, (arr, buf) in enumerate(zip(arrays, self._args)):
+            if buf.scope != Scope.OUTPUT:
+                continue
+            for j, other in enumerate(arrays):
+                if j != i and np.may_share_memory(arr, other):
+                    raise BackendError(f"{name}: output {buf.name} overlaps {self._args[j].name}")
+        return [a.ctypes.data for a in arrays]
+
+    def llvm_ir(self) -> str:
+        """The optimized LLVM IR."""
+        return self._optimized_ir
+
+    def asm(self) -> str:
+        """The machine code as assembly text (from the optimized IR)."""
+        module = llvm.parse_assembly(self._optimized_ir)
+        return target_machine(self.options.opt_level).emit_assembly(module)

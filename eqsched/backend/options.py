@@ -1,0 +1,34 @@
+"""Compilation settings: they change the generated code, so they key the compile cache."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import BackendError
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """LLVM pipeline settings and the thread count for parallel loops.
+
+    LLVM's own loop/SLP vectorizers and unroller are off by default: the schedule states which
+    loops are vectorized and unrolled, and a timing should show what the schedule did, not what
+    LLVM added on top of it.
+    """
+
+    opt_level: int = 3
+    loop_vectorize: bool = False
+    slp_vectorize: bool = False
+    loop_unroll: bool = False
+    threads: int | None = None  # None: os.cpu_count()
+
+    def __post_init__(self) -> None:
+        if self.opt_level not in (0, 1, 2, 3):
+            raise BackendError(f"opt_level must be 0..3, got {self.opt_level}")
+        if self.threads is not None and self.threads < 1:
+            raise BackendError(f"threads must be a positive count, got {self.threads}")
+
+    @property
+    def thread_count(self) -> int:
+        return self.threads or os.cpu_count() or 1
