@@ -1,9 +1,9 @@
 """A slow, obviously faithful interpreter of loop programs: the oracle for schedules at tiny sizes.
 
-Every expression is compiled once into a Python closure, then the tree runs point by point. Loop
-kinds are ignored (vectorized, unrolled and parallel loops mean the same as serial ones). Buffers the
-program allocates itself (intermediates, outputs, locals at each `Alloc`) start as NaN, so a point
-read before it is written shows up in the result instead of passing silently.
+Every expression is compiled once into a Python closure, then the tree runs point by point.
+Loop kinds are ignored (vectorized, unrolled and parallel loops mean the same as serial ones).
+Buffers the program allocates itself (intermediates, outputs, locals at each `Alloc`) start as
+NaN, so a point read before it is written shows up in the result instead of passing silently.
 """
 
 from __future__ import annotations
@@ -150,7 +150,9 @@ def _fmin(a: float, b: float) -> float:
 
 def _fdiv(a: float, b: float) -> float:
     if b == 0:
-        return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1, b)
     return a / b
 
 
