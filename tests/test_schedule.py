@@ -1,0 +1,378 @@
+"""Schedule primitives: each transformed program is executed (interpreter and LLVM backend) and
+compared with the numpy reference; each illegal use is rejected with a message naming the cause."""
+
+import json
+
+import numpy as np
+import pytest
+
+from eqsched.backend import compile_program
+from eqsched.interp import run_program
+from eqsched.ir import LoopKind, Program, naive_program
+from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.schedule import Schedule, ScheduleError, load_trace, save_trace
+from eqsched.te import Computation, compute, placeholder
+from eqsched.workloads import get_workload
+
+
+def build(name: str, *size: int) -> tuple[Computation, Schedule]:
+    comp = get_workload(name).build(*size)
+    return comp, Schedule(naive_program(comp))
+
+
+def assert_computes(prog: Program, comp: Computation) -> None:
+    """The program gives the reference's outputs, both interpreted and compiled."""
+    inputs = random_inputs(comp, seed=1)
+    want = reference(comp, inputs)
+    ok, _, msg = compare(run_program(prog, inputs), want, tolerance(comp))
+    assert ok, f"interpreter: {msg}\n{prog.text()}"
+    outputs = {b.name: np.full(b.shape, np.nan, np.float32) for b in prog.outputs}
+    compile_program(prog)(*(inputs[b.name] for b in prog.inputs),
+                          *(outputs[b.name] for b in prog.outputs))
+    ok, _, msg = compare(outputs, want, tolerance(comp))
+    assert ok, f"backend: {msg}\n{prog.text()}"
+
+
+def binding_text(prog: Program, block: str) -> dict[str, str]:
+    return {b.axis: str(b.expr()) for b in prog.block(block).bindings}
+
+
+# ---- split / reorder --------------------------------------------------------------------------
+
+
+def test_split_names_pieces_and_rebinds_the_axis_mixed_radix():
+    comp, sch = build("matmul", 16, 24, 8)
+    assert sch.split("C.i", [2, -1, 4]) == ["C.i.0", "C.i.1", "C.i.2"]
+    assert [lp.extent for lp in sch.program.enclosing("C.update")][:3] == [2, 2, 4]
+    assert binding_text(sch.program, "C.update")["i"] == "C.i.0 * 8 + C.i.1 * 4 + C.i.2"
+    assert sch.trace == [{"op": "split", "args": {"loop": "C.i", "factors": [2, 2, 4]}}]
+    assert_computes(sch.program, comp)
+
+
+def test_split_rejects_a_factor_that_does_not_divide_the_extent():
+    _, sch = build("matmul", 100, 8, 8)
+    with pytest.raises(ScheduleError, match=r"split of C.i \(extent 100\) by \[7\]: "
+                                            r"7 does not divide 100"):
+        sch.split("C.i", [7])
+    with pytest.raises(ScheduleError, match="multiply to 50, not 100"):
+        sch.split("C.i", [5, 10])
+    with pytest.raises(ScheduleError, match="at most one -1"):
+        sch.split("C.i", [-1, -1])
+    with pytest.raises(ScheduleError, match="no loop named 'C.x'"):
+        sch.split("C.x", [2, 50])
+    assert sch.trace == []
+
+
+def test_reorder_permutes_a_chain_of_loops():
+    comp, sch = build("matmul", 16, 24, 8)
+    sch.split("C.j", [3, 8])
+    sch.reorder("C.j.0", "C.k", "C.i", "C.j.1")
+    names = [lp.name for lp in sch.program.enclosing("C.update")]
+    assert names == ["C.j.0", "C.k", "C.i", "C.j.1"]
+    assert_computes(sch.program, comp)
+
+
+def test_reorder_keeps_unnamed_chain_loops_in_place():
+    _, sch = build("matmul", 16, 24, 8)
+    sch.reorder("C.k", "C.i")
+    assert [lp.name for lp in sch.program.enclosing("C.update")] == ["C.k", "C.j", "C.i"]
+
+
+def test_reorder_rejects_loops_off_one_chain():
+    _, sch = build("matmul", 16, 24, 8)
+    with pytest.raises(ScheduleError, match="C.init.i is not nested in C.i"):
+        sch.reorder("C.i", "C.init.i")
+    sch.fuse("C.init", at="C.i")
+    with pytest.raises(ScheduleError, match="C.i has 2 children"):
+        sch.reorder("C.j", "C.i")
+
+
+# ---- fuse ---------------------------------------------------------------------------------
+
+
+def test_fuse_init_into_a_tiled_update_mirrors_its_remaining_pieces():
+    comp, sch = build("matmul", 16, 24, 8)
+    sch.split("C.i", [2, 8])
+    sch.split("C.j", [3, 8])
+    sch.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
+    sch.fuse("C.init", at="C.j.0")
+    prog = sch.program
+    assert [lp.name for lp in prog.enclosing("C.init")] == ["C.i.0", "C.j.0", "C.init.i.1",
+                                                             "C.init.j.1"]
+    assert binding_text(prog, "C.init") == {"i": "C.i.0 * 8 + C.init.i.1",
+                                            "j": "C.j.0 * 8 + C.init.j.1"}
+    assert prog.loop("C.j.0").body[0].name == "C.init.i.1"  # a producer goes first
+    assert_computes(prog, comp)
+
+
+def test_fuse_init_inside_the_reduction_is_rejected():
+    _, sch = build("matmul", 16, 24, 8)
+    with pytest.raises(ScheduleError, match="would put C.init inside C.update.s reduce loop C.k"):
+        sch.fuse("C.init", at="C.k")
+
+
+def test_fuse_consumer_after_the_producer_at_a_spatial_tile():
+    comp, sch = build("mm_exp_mm", 8, 6, 12, 10)
+    sch.split("C.j", [3, 4])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.fuse("C.init", at="C.j.0")
+    sch.fuse("D", at="C.j.0")
+    prog = sch.program
+    assert prog.loop("C.j.0").body[-1].name == "D.j.1"  # a consumer goes last
+    assert binding_text(prog, "D") == {"i": "C.i", "j": "C.j.0 * 4 + D.j.1"}
+    assert_computes(prog, comp)
+
+
+def test_fuse_consumer_inside_the_producers_reduction_is_rejected():
+    _, sch = build("mm_exp_mm", 8, 6, 12, 10)
+    with pytest.raises(ScheduleError, match="inside C.update's reduce loop C.k"):
+        sch.fuse("D", at="C.k")
+
+
+def neighbour_chain() -> Computation:
+    A = placeholder((8, 8), "A")
+    C = compute((8, 8), lambda i, j: A[i, j] * 2.0, "C")
+    D = compute((8, 7), lambda i, m: C[i, m + 1] - C[i, m], "D")
+    return Computation("neighbours", [D])
+
+
+def test_fuse_a_neighbour_reading_consumer_only_where_rows_are_independent():
+    comp = neighbour_chain()
+    sch = Schedule(naive_program(comp))
+    with pytest.raises(ScheduleError, match=r"D accesses C\[i, m \+ 1\], not elementwise"):
+        sch.fuse("D", at="C.j")
+    sch.fuse("D", at="C.i")  # a whole row of C is ready before D reads it
+    assert_computes(sch.program, comp)
+
+
+def test_fuse_needs_a_block_alone_in_its_nest_and_a_relation():
+    _, sch = build("mm_exp_mm", 8, 6, 12, 10)
+    sch.fuse("C.init", at="C.i")
+    with pytest.raises(ScheduleError, match="C.update is not alone in its root-level nest"):
+        sch.fuse("C.update", at="D.i")
+    with pytest.raises(ScheduleError, match="no block under C.i reads or writes what F.init uses"):
+        sch.fuse("F.init", at="C.i")
+
+
+def test_fuse_producer_of_a_convolution_at_the_batch_loop():
+    comp, sch = build("conv2d_nchw", 2, 3, 5, 4, 2, 3, 3, 1, 1)
+    with pytest.raises(ScheduleError, match="loop Y.k has no corresponding axis of Xpad"):
+        sch.fuse("Xpad", at="Y.k")
+    sch.fuse("Xpad", at="Y.n")
+    assert sch.program.loop("Y.n").body[0].name == "Xpad.c"
+    assert_computes(sch.program, comp)
+
+
+def test_fuse_a_softmax_chain_with_a_max_reduction():
+    comp, sch = build("softmax", 5, 17)
+    sch.fuse("M.init", at="M.i")
+    sch.fuse("E", at="M.i")
+    sch.fuse("S.init", at="S.i")
+    sch.vectorize("E.j")
+    assert [lp.name for lp in sch.program.enclosing("E")] == ["M.i", "E.j"]
+    assert_computes(sch.program, comp)
+
+
+# ---- inline -------------------------------------------------------------------------------
+
+
+def test_inline_padding_into_the_convolution():
+    comp, sch = build("conv2d_nchw", 1, 3, 5, 4, 2, 3, 3, 1, 1)
+    sch.inline("Xpad")
+    prog = sch.program
+    assert "Xpad" not in {b.name for b in prog.buffers}
+    assert "select(" in str(prog.block("Y.update").value)
+    assert_computes(prog, comp)
+
+
+def test_inline_an_elementwise_stage_between_two_matmuls():
+    comp, sch = build("mm_exp_mm", 8, 6, 12, 10)
+    sch.inline("D")
+    assert str(sch.program.block("F.update").value) == "exp(C[i, l]) * E[l, j]"
+    assert_computes(sch.program, comp)
+
+
+def test_inline_rejects_reductions_and_outputs():
+    _, sch = build("mm_exp_mm", 8, 6, 12, 10)
+    with pytest.raises(ScheduleError, match="inline C.update: C is a reduction"):
+        sch.inline("C.update")
+    _, sch = build("elementwise_chain", 37)
+    with pytest.raises(ScheduleError, match="Z is a output buffer"):
+        sch.inline("Z")
+    with pytest.raises(ScheduleError, match="no block named 'T.update'"):
+        sch.inline("T.update")
+
+
+# ---- annotations --------------------------------------------------------------------------
+
+
+def test_vectorize_unroll_parallel_set_loop_kinds():
+    comp, sch = build("matmul", 16, 24, 8)
+    sch.split("C.i", [4, 4])
+    sch.reorder("C.i.0", "C.k", "C.i.1", "C.j")
+    sch.vectorize("C.j")
+    sch.unroll("C.i.1")
+    sch.parallel("C.i.0")
+    sch.vectorize("C.init.j")
+    kinds = {lp.name: lp.kind for lp in sch.program.loops()}
+    assert kinds["C.j"] == LoopKind.VECTORIZED and kinds["C.i.1"] == LoopKind.UNROLLED
+    assert kinds["C.i.0"] == LoopKind.PARALLEL
+    assert_computes(sch.program, comp)
+
+
+def test_vectorize_rejects_outer_loops_strided_stores_and_reduce_loops():
+    _, sch = build("matmul", 16, 24, 8)
+    with pytest.raises(ScheduleError, match="C.i is not innermost: it contains C.j"):
+        sch.vectorize("C.i")
+    with pytest.raises(ScheduleError, match="C.k is reduce axis k of block C.update"):
+        sch.vectorize("C.k")
+    sch.reorder("C.j", "C.i")
+    sch.reorder("C.k", "C.i")
+    with pytest.raises(ScheduleError, match=r"C.update stores C\[i, j\] with stride 24, not 1"):
+        sch.vectorize("C.i")
+
+
+def test_unroll_is_limited_and_parallel_needs_a_root_spatial_loop():
+    _, sch = build("matmul", 16, 96, 8)
+    with pytest.raises(ScheduleError, match="extent 96 > 64"):
+        sch.unroll("C.j")
+    with pytest.raises(ScheduleError, match="parallel loop C.j is not at the root"):
+        sch.parallel("C.j")
+    sch.reorder("C.k", "C.i")
+    with pytest.raises(ScheduleError, match="parallel loop C.k binds reduce axis k"):
+        sch.parallel("C.k")
+
+
+# ---- cache_write and pack -----------------------------------------------------------------
+
+
+def test_cache_write_with_init_fused_needs_no_copy_in():
+    comp, sch = build("matmul", 16, 24, 8)
+    sch.split("C.i", [2, 8])
+    sch.reorder("C.i.0", "C.j", "C.k", "C.i.1")
+    sch.fuse("C.init", at="C.j")
+    assert sch.cache_write("C.update", at="C.j") == "C.local"
+    prog = sch.program
+    assert prog.buffer("C.local").shape == (8,)
+    assert prog.block("C.init").buffer == "C.local"
+    assert str(prog.block("C.update").indices[0]) == "i % 8"
+    assert "C.read" not in {b.name for b in prog.blocks()}
+    assert [lp.name for lp in prog.enclosing("C.write")] == ["C.i.0", "C.j", "C.write.i.1"]
+    assert_computes(prog, comp)
+
+
+def test_cache_write_without_init_copies_the_tile_in_and_out():
+    comp, sch = build("matmul", 16, 24, 8)
+    sch.split("C.j", [3, 8])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.vectorize("C.j.1")
+    sch.cache_write("C.update", at="C.j.0")
+    prog = sch.program
+    loops = {lp.name: lp for lp in prog.loops()}
+    assert loops["C.read.j.1"].kind == LoopKind.VECTORIZED
+    assert loops["C.write.j.1"].kind == LoopKind.VECTORIZED
+    assert_computes(prog, comp)
+
+
+def test_cache_write_rejects_a_foreign_reader_under_the_loop():
+    _, sch = build("mm_exp_mm", 8, 6, 12, 10)
+    sch.fuse("C.init", at="C.i")
+    sch.fuse("D", at="C.i")
+    with pytest.raises(ScheduleError, match="D under C.i reads C"):
+        sch.cache_write("C.update", at="C.i")
+
+
+def test_pack_an_input_into_column_panels():
+    comp, sch = build("matmul", 16, 24, 8)
+    assert sch.pack("C.update", "B", dim=1, factor=8) == "B_packed"
+    prog = sch.program
+    assert prog.buffer("B_packed").shape == (3, 8, 8)
+    assert str(prog.block("C.update").value) == "A[i, k] * B_packed[j // 8, k, j % 8]"
+    assert str(prog.block("B_packed").value) == "B[p1, p0 * 8 + p2]"
+    assert prog.body[1].name == "B_packed.p0"  # right before the update's nest
+    assert_computes(prog, comp)
+
+
+def test_pack_an_intermediate_read_by_the_second_matmul():
+    comp, sch = build("mm_exp_mm", 8, 6, 12, 10)
+    sch.pack("F.update", "D", dim=0, factor=4)
+    assert sch.program.buffer("D_packed").shape == (2, 12, 4)
+    assert_computes(sch.program, comp)
+
+
+def test_pack_rejects_non_dividing_factors_and_unread_buffers():
+    _, sch = build("matmul", 16, 24, 8)
+    with pytest.raises(ScheduleError, match=r"5 does not divide dimension 1 \(extent 24\)"):
+        sch.pack("C.update", "B", dim=1, factor=5)
+    with pytest.raises(ScheduleError, match="C.init does not read B"):
+        sch.pack("C.init", "B", dim=1, factor=8)
+
+
+# ---- the hand schedule the backend is measured with ------------------------------------
+
+
+def hand_schedule(sch: Schedule) -> None:
+    """An 8x32 register tile over 32-wide panels of B (the DESIGN's packed matmul)."""
+    sch.pack("C.update", "B", dim=1, factor=32)
+    sch.split("C.i", [-1, 8])
+    sch.split("C.j", [-1, 2, 16])
+    sch.reorder("C.j.0", "C.i.0", "C.k", "C.i.1", "C.j.1", "C.j.2")
+    sch.fuse("C.init", at="C.i.0")
+    sch.cache_write("C.update", at="C.i.0")
+    sch.unroll("C.i.1")
+    sch.unroll("C.j.1")
+    sch.vectorize("C.j.2")
+    sch.vectorize("C.init.j.2")
+    sch.vectorize("C.write.j.2")
+    sch.parallel("C.j.0")
+
+
+def test_hand_matmul_schedule_at_512_builds_the_register_tile_program():
+    _, sch = build("matmul", 512, 512, 512)
+    hand_schedule(sch)
+    prog = sch.program
+    assert prog.buffer("C.local").shape == (8, 2, 16)
+    assert [lp.name for lp in prog.enclosing("C.init")] == [
+        "C.j.0", "C.i.0", "C.init.i.1", "C.init.j.1", "C.init.j.2"]
+    assert [lp.name for lp in prog.enclosing("C.update")] == [
+        "C.j.0", "C.i.0", "C.k", "C.i.1", "C.j.1", "C.j.2"]
+    assert str(prog.block("C.update").value) == "A[i, k] * B_packed[j // 32, k, j % 32]"
+
+
+def test_hand_matmul_schedule_computes_matmul_at_a_small_size():
+    comp, sch = build("matmul", 16, 64, 8)
+    hand_schedule(sch)
+    assert_computes(sch.program, comp)
+
+
+# ---- traces -------------------------------------------------------------------------------
+
+
+def test_trace_round_trip_replays_to_the_identical_program(tmp_path):
+    comp, sch = build("matmul", 512, 512, 512)
+    hand_schedule(sch)
+    path = tmp_path / "matmul.json"
+    save_trace(path, sch.trace, workload="matmul", size=(512, 512, 512))
+    steps, meta = load_trace(path)
+    assert meta["workload"] == "matmul" and meta["size"] == [512, 512, 512]
+    replayed = Schedule.replay(naive_program(comp), steps)
+    assert replayed.program.text() == sch.program.text()
+    assert replayed.trace == sch.trace
+
+
+def test_malformed_traces_are_rejected_with_the_problem(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(ScheduleError, match="cannot read it as JSON"):
+        load_trace(path)
+    doc = {"version": 1, "steps": [{"op": "tile", "args": {}}]}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ScheduleError, match="step 0: unknown primitive 'tile'"):
+        load_trace(path)
+    doc["steps"] = [{"op": "split", "args": {"loop": "C.i"}}]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ScheduleError, match=r"step 0 \(split\): args must be exactly"):
+        load_trace(path)
+    _, sch = build("matmul", 16, 24, 8)
+    with pytest.raises(ScheduleError, match=r"trace step 0 \(split\): split of C.i"):
+        Schedule.replay(sch.program, [{"op": "split", "args": {"loop": "C.i", "factors": [5]}}])
