@@ -1,6 +1,6 @@
 r"""Backend speed probe: a hand-built packed, register-tiled matmul against numpy sgemm (one core).
 
-    cd /work/main && env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. \\
+    cd /work/main && env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. \
         /tmp/venv/bin/python bench/backend_probe.py 512 1024
 
 The program is the structure the schedule layer produces for `pack` + `cache_write` + tiling: B is

@@ -1,0 +1,365 @@
+"""The LLVM backend runs every node and loop kind correctly, and refuses what it cannot compile."""
+
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from eqsched import expr, te
+from eqsched.backend import BackendError, CompileOptions, compile_program
+from eqsched.expr import Const, Load, Var
+from eqsched.interp import run_program
+from eqsched.ir import (
+    Alloc,
+    Binding,
+    Block,
+    Buffer,
+    Loop,
+    LoopKind,
+    Program,
+    Scope,
+    naive_program,
+    nest,
+)
+
+S, U, V, P = LoopKind.SERIAL, LoopKind.UNROLLED, LoopKind.VECTORIZED, LoopKind.PARALLEL
+rng = np.random.default_rng(0)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def matmul(m: int, n: int, k: int) -> te.Computation:
+    a, b = te.placeholder((m, k), "A"), te.placeholder((k, n), "B")
+    r = te.reduce_axis(k, "k")
+    c = te.compute((m, n), lambda i, j: te.sum_(a[i, r] * b[r, j], axis=r), "C")
+    return te.Computation("matmul", [c])
+
+
+def unary(n: int, fn) -> te.Computation:
+    x = te.placeholder((n,), "X")
+    return te.Computation("unary", [te.compute((n,), lambda i: fn(x, i), "Y")])
+
+
+def retile(prog: Program, block: str, loops: list[tuple[str, int, LoopKind, str, int]]) -> Program:
+    """Replace the whole program by one nest around `block`: loops (name, extent, kind, axis,
+    stride) outermost first; each axis becomes the sum of stride * loop over its loops."""
+    blk = prog.block(block)
+    terms: dict[str, list[tuple[str, int]]] = {a.name: [] for a in blk.axes}
+    for name, _, _, axis, stride in loops:
+        terms[axis].append((name, stride))
+    blk = replace(blk, bindings=tuple(Binding(a, tuple(t)) for a, t in terms.items()))
+    return prog.with_body(nest([(n, e, k) for n, e, k, _, _ in loops], (blk,)))
+
+
+def vectorized_unary(n: int, fn) -> Program:
+    return retile(naive_program(unary(n, fn)), "Y",
+                  [("Y.i.0", n // 16, S, "i", 16), ("Y.i.1", 16, V, "i", 1)])
+
+
+def run(prog: Program, *arrays: np.ndarray, options: CompileOptions | None = None) -> None:
+    compile_program(prog, options)(*arrays)
+
+
+# ---- naive programs from the front end --------------------------------------------------------
+
+
+def test_naive_matmul_with_global_intermediate_matches_numpy():
+    a, b = te.placeholder((5, 7), "A"), te.placeholder((7, 6), "B")
+    k = te.reduce_axis(7, "k")
+    c = te.compute((5, 6), lambda i, j: te.sum_(a[i, k] * b[k, j], axis=k), "C")
+    d = te.compute((5, 6), lambda i, j: expr.exp(c[i, j] * 0.5) - 1.0, "D")
+    prog = naive_program(te.Computation("chain", [d]))
+    assert [buf.name for buf in prog.buffers if buf.scope == Scope.GLOBAL] == ["C"]
+    x, y, out = rand(5, 7), rand(7, 6), np.zeros((5, 6), np.float32)
+    kernel = compile_program(prog)
+    kernel(x, y, out)
+    np.testing.assert_allclose(out, np.exp((x @ y) * 0.5) - 1.0, rtol=1e-5, atol=1e-5)
+    out2 = np.zeros_like(out)
+    kernel(x, y, out2)  # the intermediate is reused, and reinitialized by the program
+    np.testing.assert_array_equal(out, out2)
+
+
+BINARY = {
+    "+": (lambda x, y: x + y, np.add), "-": (lambda x, y: x - y, np.subtract),
+    "*": (lambda x, y: x * y, np.multiply), "/": (lambda x, y: x / y, np.divide),
+    "max": (expr.maximum, np.maximum), "min": (expr.minimum, np.minimum),
+}
+
+
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_binary_operators_scalar_and_vector(op):
+    build, ref = BINARY[op]
+    a, b = te.placeholder((32,), "A"), te.placeholder((32,), "B")
+    c = te.compute((32,), lambda i: build(a[i], b[i]), "C")
+    scalar = naive_program(te.Computation("binary", [c]))
+    vector = retile(scalar, "C", [("C.i.0", 2, S, "i", 16), ("C.i.1", 16, V, "i", 1)])
+    x, y = rand(32), rand(32) + 3.0
+    for prog in (scalar, vector):
+        out = np.empty(32, np.float32)
+        run(prog, x, y, out)
+        np.testing.assert_allclose(out, ref(x, y), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fn, ref", [
+    (lambda x, i: -x[i], np.negative),
+    (lambda x, i: expr.Call("abs", (x[i],)), np.abs),
+    (lambda x, i: expr.relu(x[i]), lambda v: np.maximum(v, 0)),
+])
+def test_neg_abs_relu_scalar_and_vector(fn, ref):
+    x = rand(32)
+    for prog in (naive_program(unary(32, fn)), vectorized_unary(32, fn)):
+        out = np.empty(32, np.float32)
+        run(prog, x, out)
+        np.testing.assert_array_equal(out, ref(x))
+
+
+def test_max_reduction_matches_numpy():
+    x = te.placeholder((6, 9), "X")
+    k = te.reduce_axis(9, "k")
+    m = te.compute((6,), lambda i: te.max_(x[i, k], axis=k), "M")
+    data = rand(6, 9)
+    out = np.empty(6, np.float32)
+    run(naive_program(te.Computation("rowmax", [m])), data, out)
+    np.testing.assert_array_equal(out, data.max(axis=1))
+
+
+# ---- scheduled forms built by hand -------------------------------------------------------------
+
+
+def packed_matmul(m: int, n: int, k: int, rows: int) -> Program:
+    """B packed into 32-wide panels; each rows x 32 tile of C accumulated in a local buffer
+    (unrolled rows x 2 unrolled x 16 vectorized) over k, then written out (bench/backend_probe)."""
+    i, j, kk, p0, p1, p2 = (Var(v) for v in ("i", "j", "k", "p0", "p1", "p2"))
+    ax = te.Axis
+    pack = Block("B_packed", "B_packed", (ax("p0", n // 32), ax("p1", k), ax("p2", 32)),
+                 tuple(Binding(p, ((f"B_packed.{p}", 1),)) for p in ("p0", "p1", "p2")),
+                 "B_packed", (p0, p1, p2), Load("B", (p1, p0 * 32 + p2)))
+    local = (i % rows, (j // 16) % 2, j % 16)
+
+    def ij(pre: str) -> tuple[Binding, Binding]:
+        return (Binding("i", (("C.i.0", rows), (f"{pre}.i.1", 1))),
+                Binding("j", (("C.j.0", 32), (f"{pre}.j.1", 16), (f"{pre}.j.2", 1))))
+
+    def tile(pre: str, inner: Block) -> tuple[Loop]:
+        return nest([(f"{pre}.i.1", rows, U), (f"{pre}.j.1", 2, U), (f"{pre}.j.2", 16, V)],
+                    (inner,))  # type: ignore[return-value]
+
+    axes = (ax("i", m), ax("j", n))
+    init = Block("C.init", "C", axes, ij("C.init"), "C.local", local, Const(0.0))
+    update = Block("C.update", "C", axes + (ax("k", k, "reduce"),),
+                   ij("C") + (Binding("k", (("C.k", 1),)),), "C.local", local,
+                   Load("A", (i, kk)) * Load("B_packed", (j // 32, kk, j % 32)), "sum")
+    write = Block("C.write", "C", axes, ij("C.write"), "C", (i, j), Load("C.local", local))
+    body = (Alloc("C.local", tile("C.init", init) + (Loop("C.k", k, S, tile("C", update)),)
+                  + tile("C.write", write)),)
+    buffers = (Buffer("A", (m, k), Scope.INPUT), Buffer("B", (k, n), Scope.INPUT),
+               Buffer("C", (m, n), Scope.OUTPUT),
+               Buffer("B_packed", (n // 32, k, 32), Scope.GLOBAL),
+               Buffer("C.local", (rows, 2, 16), Scope.LOCAL))
+    return Program("matmul", buffers, nest([("B_packed.p0", n // 32, S), ("B_packed.p1", k, S),
+                                            ("B_packed.p2", 32, V)], (pack,))
+                   + nest([("C.j.0", n // 32, S), ("C.i.0", m // rows, S)], body),
+                   matmul(m, n, k))
+
+
+def test_packed_register_tiled_matmul_matches_numpy_and_interpreter():
+    prog = packed_matmul(8, 64, 9, rows=4)
+    a, b, c = rand(8, 9), rand(9, 64), np.empty((8, 64), np.float32)
+    kernel = compile_program(prog)
+    kernel(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c, run_program(prog, {"A": a, "B": b})["C"], rtol=1e-5, atol=1e-5)
+
+
+def test_register_tile_is_promoted_and_uses_zmm_fmas():
+    kernel = compile_program(packed_matmul(8, 64, 9, rows=4))
+    assert "alloca" not in kernel.llvm_ir()  # SROA turned C.local into vector registers
+    assert re.search(r"vfmadd\w*ps\s+[^\n]*zmm", kernel.asm())
+
+
+def test_transpose_vectorized_on_the_store_side_gathers_the_loads():
+    x = te.placeholder((16, 16), "X")
+    y = te.compute((16, 16), lambda i, j: x[j, i] * 2.0, "Y")
+    prog = retile(naive_program(te.Computation("transpose", [y])), "Y",
+                  [("Y.i", 16, S, "i", 1), ("Y.j", 16, V, "j", 1)])
+    data, out = rand(16, 16), np.empty((16, 16), np.float32)
+    run(prog, data, out)
+    np.testing.assert_array_equal(out, data.T * 2.0)
+
+
+def test_non_affine_index_scalar_and_vectorized():
+    def squares(x, i):
+        return x[(i * i) % 32]
+
+    data = rand(32)
+    for prog in (naive_program(unary(32, squares)), vectorized_unary(32, squares)):
+        out = np.empty(32, np.float32)
+        run(prog, data, out)
+        np.testing.assert_array_equal(out, data[(np.arange(32) ** 2) % 32])
+
+
+def test_unrolled_loops_with_a_vector_inside():
+    x = rand(64)
+    prog = retile(naive_program(unary(64, lambda v, i: v[i] + 1.0)), "Y",
+                  [("Y.i.0", 2, U, "i", 32), ("Y.i.1", 2, U, "i", 16), ("Y.i.2", 16, V, "i", 1)])
+    out = np.empty(64, np.float32)
+    run(prog, x, out)
+    np.testing.assert_array_equal(out, x + 1.0)
+
+
+# ---- padding: the untaken side of a select never touches memory --------------------------------
+
+FAR = 1 << 40  # an element offset far outside any mapping: a load there would crash
+
+
+def test_select_loads_only_on_the_side_each_lane_takes():
+    data = rand(16)
+    x = te.placeholder((16,), "X")
+    y = te.compute((16,), lambda i: expr.select(i < 1, x[i * FAR], x[i] + 1.0), "Y")
+    naive = naive_program(te.Computation("guard", [y]))
+    per_lane = retile(naive, "Y", [("Y.i", 16, V, "i", 1)])  # masked gather + masked load
+    expected = np.concatenate([data[:1], data[1:] + 1.0])
+    for prog in (naive, per_lane):
+        out = np.empty(16, np.float32)
+        run(prog, data, out)
+        np.testing.assert_array_equal(out, expected)
+
+
+def test_select_on_an_outer_loop_branches_around_the_vector_code():
+    data = rand(16)
+    x = te.placeholder((16,), "X")
+    y = te.compute((2, 16), lambda r, c: expr.select(r < 1, x[r * FAR + c], 0.0), "Y")
+    naive = naive_program(te.Computation("guard", [y]))
+    uniform = retile(naive, "Y", [("Y.r", 2, S, "r", 1), ("Y.c", 16, V, "c", 1)])
+    for prog in (naive, uniform):
+        out = np.empty((2, 16), np.float32)
+        run(prog, data, out)
+        np.testing.assert_array_equal(out, [data, np.zeros(16)])
+
+
+def test_padded_convolution_matches_numpy():
+    n, taps = 32, 3
+    x, w = te.placeholder((n,), "X"), te.placeholder((taps,), "W")
+    k = te.reduce_axis(taps, "k")
+    y = te.compute((n,), lambda i: te.sum_(
+        expr.select(expr.all_of(i + k >= 1, i + k < n + 1), x[i + k - 1], 0.0) * w[k], axis=k), "Y")
+    naive = naive_program(te.Computation("conv1d", [y]))
+    vector = naive.with_body((naive.body[0],) + nest(
+        [("Y.k", taps, S), ("Y.i.0", n // 16, S), ("Y.i.1", 16, V)],
+        (replace(naive.block("Y.update"), bindings=(
+            Binding("i", (("Y.i.0", 16), ("Y.i.1", 1))), Binding("k", (("Y.k", 1),)))),)))
+    data, weights = rand(n), rand(taps)
+    named = {"X": data, "W": weights}
+    expected = np.convolve(np.pad(data, 1), weights[::-1], mode="valid")
+    for prog in (naive, vector):
+        out = np.empty(n, np.float32)
+        run(prog, *(named[buf.name] for buf in prog.inputs), out)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---- parallel loops -----------------------------------------------------------------------------
+
+
+def test_parallel_root_loops_give_the_serial_result():
+    serial = naive_program(matmul(13, 10, 7))
+    parallel = serial.with_body(tuple(replace(lp, kind=P) for lp in serial.body))
+    a, b = rand(13, 7), rand(7, 10)
+    expected = np.empty((13, 10), np.float32)
+    run(serial, a, b, expected)
+    for threads in (1, 2, 3):
+        out = np.full((13, 10), np.nan, np.float32)
+        kernel = compile_program(parallel, CompileOptions(threads=threads))
+        kernel(a, b, out)
+        np.testing.assert_array_equal(out, expected)
+        assert kernel.info["threads"] == threads and kernel.info["segments"] == 2
+
+
+def test_consecutive_serial_root_nests_share_one_function():
+    kernel = compile_program(naive_program(matmul(4, 4, 4)))
+    assert kernel.info["segments"] == 1
+
+
+def test_parallel_loop_below_the_root_is_refused():
+    prog = naive_program(matmul(4, 4, 4))
+    inner = prog.body[1].body[0]
+    bad = prog.with_body((prog.body[0], replace(prog.body[1], body=(replace(inner, kind=P),))))
+    with pytest.raises(BackendError, match="parallel loop C.j is not at the root"):
+        compile_program(bad)
+
+
+# ---- illegal vectorization ----------------------------------------------------------------------
+
+
+def test_vectorizing_a_reduce_axis_of_an_accumulation_is_refused():
+    prog = naive_program(matmul(4, 4, 16))
+    loop_k = prog.loop("C.k")
+    bad = prog.with_body((prog.body[0], replace(prog.body[1], body=(replace(
+        prog.body[1].body[0], body=(replace(loop_k, kind=V),)),))))
+    with pytest.raises(BackendError, match="vectorized loop C.k binds reduce axis k"):
+        compile_program(bad)
+
+
+def test_vectorized_loop_with_strided_store_is_refused():
+    x = te.placeholder((16, 16), "X")
+    y = te.compute((16, 16), lambda i, j: x[i, j], "Y")
+    prog = retile(naive_program(te.Computation("copy", [y])), "Y",
+                  [("Y.j", 16, S, "j", 1), ("Y.i", 16, V, "i", 1)])
+    with pytest.raises(BackendError, match="vectorized loop Y.i needs unit-stride stores.*Y with "
+                                           "stride 16"):
+        compile_program(prog)
+
+
+# ---- the kernel's calling convention ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_matmul():
+    return compile_program(naive_program(matmul(4, 3, 2)))
+
+
+@pytest.mark.parametrize("arrays, message", [
+    (lambda: (rand(4, 2), rand(2, 3)), "takes 3 arrays"),
+    (lambda: (rand(4, 2).astype(np.float64), rand(2, 3), rand(4, 3)), "A must be float32"),
+    (lambda: (rand(4, 2), rand(3, 2), rand(4, 3)), r"B must have shape \(2, 3\)"),
+    (lambda: (rand(2, 4).T, rand(2, 3), rand(4, 3)), "A must be C-contiguous"),
+    (lambda: (rand(4, 2), rand(2, 3), [[0.0] * 3] * 4), "C must be a numpy array"),
+])
+def test_bad_arrays_are_refused(small_matmul, arrays, message):
+    with pytest.raises(BackendError, match=message):
+        small_matmul(*arrays())
+
+
+def test_output_overlapping_an_input_or_read_only_is_refused(small_matmul):
+    out = rand(4, 3)
+    with pytest.raises(BackendError, match="output C overlaps A"):
+        small_matmul(out.reshape(-1)[:8].reshape(4, 2), rand(2, 3), out)
+    out = np.empty((4, 3), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(BackendError, match="output C is read-only"):
+        small_matmul(rand(4, 2), rand(2, 3), out)
+
+
+def test_compile_cache_returns_the_same_kernel_per_program_and_options():
+    prog = naive_program(matmul(3, 3, 3))
+    first = compile_program(prog)
+    assert compile_program(naive_program(matmul(3, 3, 3))) is first
+    assert compile_program(prog, CompileOptions(opt_level=1)) is not first
+
+
+def test_info_records_compiler_cpu_and_pass_settings():
+    options = CompileOptions(loop_vectorize=True, threads=1)
+    info = compile_program(naive_program(matmul(3, 5, 2)), options).info
+    assert info["cpu_name"] and info["cpu_features"]
+    assert info["llvm_version"].count(".") == 2 and info["llvmlite_version"]
+    assert (info["opt_level"], info["loop_vectorize"], info["slp_vectorize"]) == (3, True, False)
+    assert info["threads"] == 1 and info["triple"]
+
+
+def test_options_are_checked():
+    with pytest.raises(BackendError, match="opt_level"):
+        CompileOptions(opt_level=4)
+    with pytest.raises(BackendError, match="threads"):
+        CompileOptions(threads=0)
