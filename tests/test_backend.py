@@ -10,6 +10,8 @@ from eqsched import expr, te
 from eqsched.backend import BackendError, CompileOptions, compile_program
 from eqsched.expr import Const, Load, Var
 from eqsched.interp import run_program
+from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.workloads import list_workloads
 from eqsched.ir import (
     Alloc,
     Binding,
@@ -80,6 +82,17 @@ def test_naive_matmul_with_global_intermediate_matches_numpy():
     out2 = np.zeros_like(out)
     kernel(x, y, out2)  # the intermediate is reused, and reinitialized by the program
     np.testing.assert_array_equal(out, out2)
+
+
+@pytest.mark.parametrize("workload", list_workloads(), ids=lambda w: w.name)
+def test_every_workload_naive_program_matches_the_reference(workload):
+    comp = workload.build(*workload.small_size)
+    prog = naive_program(comp)
+    inputs = random_inputs(comp, seed=1)
+    outputs = {buf.name: np.empty(buf.shape, np.float32) for buf in prog.outputs}
+    run(prog, *(inputs[buf.name] for buf in prog.inputs), *outputs.values())
+    ok, _, message = compare(outputs, reference(comp, inputs), tolerance(comp))
+    assert ok, message
 
 
 BINARY = {
