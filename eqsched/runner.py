@@ -1,0 +1,256 @@
+"""Measure a loop program: compile, check against the reference, time, in a worker process.
+
+A generated kernel can crash (a bad index segfaults) or hang. Everything that runs generated code
+happens in a persistent worker process (a fresh interpreter, never a fork), so a crash or a timeout
+becomes a `Measurement` with an `error` and the caller goes on; the next call starts a new worker.
+
+    m = measure(prog, repeats=10)
+    m.correct, m.median_s, m.gflops, m.error
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import machine
+from .backend import CompileOptions, aligned_empty, compile_program
+from .ir import Program, naive_program
+from .reference import compare, random_inputs, reference, tolerance
+
+DEFAULT_TIMEOUT_S = 120.0
+_REFERENCES_KEPT = 4  # per worker: candidates of one workload share one reference
+
+
+@dataclass
+class Measurement:
+    """The outcome of `measure`. `error` is set when no result could be produced at all
+    (compile error, crash, timeout); a wrong result is `correct=False` with `check_message`."""
+
+    correct: bool | None  # None: not checked
+    max_err: float | None = None
+    median_s: float | None = None
+    min_s: float | None = None
+    times: list[float] = field(default_factory=list)
+    gflops: float | None = None
+    error: str | None = None
+    check_message: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Job:
+    program: Program
+    options: CompileOptions | None
+    repeats: int
+    warmup: int
+    seed: int
+    check: bool
+
+
+class _WorkerLost(Exception):
+    """The worker died or timed out; the message says which."""
+
+
+# ---- the worker process ---------------------------------------------------------------------
+
+_references: OrderedDict[tuple[str, int], tuple[dict, dict]] = OrderedDict()
+
+
+def _inputs_and_reference(prog: Program, seed: int, check: bool) -> tuple[dict, dict | None]:
+    comp = prog.computation
+    key = (naive_program(comp).hash(), seed)
+    if key in _references:
+        _references.move_to_end(key)
+        inputs, expected = _references[key]
+        return inputs, expected if check else None
+    inputs = random_inputs(comp, seed)
+    if not check:
+        return inputs, None
+    expected = reference(comp, inputs)
+    _references[key] = (inputs, expected)
+    while len(_references) > _REFERENCES_KEPT:
+        _references.popitem(last=False)
+    return inputs, expected
+
+
+def _run(job: _Job) -> Measurement:
+    prog = job.program
+    kernel = compile_program(prog, job.options)
+    info: dict[str, Any] = {"backend": kernel.info, "machine": machine.describe()}
+    inputs, expected = _inputs_and_reference(prog, job.seed, job.check)
+    args = [inputs[b.name].copy() for b in prog.inputs]  # a stray store must not poison the cache
+    outputs = {}
+    for b in prog.outputs:
+        outputs[b.name] = aligned_empty(b.shape)
+        outputs[b.name].fill(np.nan)  # an element the kernel never writes cannot pass the check
+    run = [*args, *outputs.values()]
+    kernel(*run)
+    result = Measurement(correct=None, info=info)
+    if expected is not None:
+        ok, max_err, message = compare(outputs, expected, tolerance(prog.computation))
+        result.correct, result.max_err, result.check_message = ok, max_err, message
+        if not ok:
+            return result
+    for _ in range(job.warmup):
+        kernel(*run)
+    for _ in range(job.repeats):
+        start = time.perf_counter()
+        kernel(*run)
+        result.times.append(time.perf_counter() - start)
+    if result.times:
+        result.median_s = statistics.median(result.times)
+        result.min_s = min(result.times)
+        result.gflops = prog.computation.flops / result.median_s / 1e9
+    return result
+
+
+def _serve(requests: Connection, replies: Connection) -> None:
+    while True:
+        try:
+            job = requests.recv()
+        except EOFError:
+            return
+        try:
+            result = _run(job)
+        except Exception as err:  # every failure of one job is that job's result
+            last = traceback.extract_tb(err.__traceback__)[-1]
+            where = f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"
+            result = Measurement(correct=False, error=f"{type(err).__name__}: {err}{where}")
+        replies.send(result)
+
+
+# ---- the parent side ------------------------------------------------------------------------
+
+
+class _Worker:
+    """A fresh interpreter running `_serve`, talking pickles over two pipes.
+
+    It is started as `python -m eqsched.runner` rather than by multiprocessing's spawn, which
+    re-imports the caller's main script in the child and fails for scripts without a
+    `if __name__ == "__main__":` guard.
+    """
+
+    def __init__(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)  # import this same eqsched
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "eqsched.runner", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # keep the caller's stdout clean (e.g. `--json`)
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.send = Connection(to_child_w, readable=False)
+        self.recv = Connection(from_child_r, writable=False)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def ask(self, job: _Job, timeout_s: float) -> Measurement:
+        try:
+            self.send.send(job)
+            if not self.recv.poll(timeout_s):
+                self.stop()
+                raise _WorkerLost(f"timed out after {timeout_s:g} s (worker killed)")
+            return self.recv.recv()
+        except (EOFError, OSError):
+            try:
+                code = self.process.wait(5)  # the pipe closes a moment before the exit status
+            except subprocess.TimeoutExpired:
+                code = None
+            self.stop()
+            raise _WorkerLost(f"worker process died: {_exit_reason(code)}") from None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.kill()
+        self.process.wait(5)
+        self.send.close()
+        self.recv.close()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def measure(
+    prog: Program,
+    *,
+    repeats: int = 10,
+    warmup: int = 2,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    seed: int = 0,
+    check: bool = True,
+    options: CompileOptions | None = None,
+) -> Measurement:
+    """Compile `prog`, check it against the reference (before any timing), time `repeats` calls.
+
+    Runs in the persistent worker process; `timeout_s` bounds the whole job (compile, reference,
+    check, timing). Never raises for a bad program: failures come back as `error`.
+    """
+    global _worker
+    if repeats < 0 or warmup < 0:
+        raise ValueError(f"repeats and warmup must be >= 0, got {repeats} and {warmup}")
+    job = _Job(prog, options, repeats, warmup, seed, check)
+    settings = {"repeats": repeats, "warmup": warmup, "seed": seed, "timeout_s": timeout_s}
+    with _worker_lock:
+        if _worker is None or not _worker.alive():
+            _worker = _Worker()
+        try:
+            result = _worker.ask(job, timeout_s)
+        except _WorkerLost as lost:
+            _worker = None
+            result = Measurement(correct=False, error=str(lost))
+    result.info.setdefault("machine", machine.facts())
+    result.info["settings"] = settings
+    result.info["program_hash"] = prog.hash()
+    return result
+
+
+def shutdown() -> None:
+    """Stop the worker process (it is also stopped when this process exits)."""
+    global _worker
+    with _worker_lock:
+        if _worker is not None:
+            _worker.stop()
+            _worker = None
+
+
+if __name__ == "__main__":
+    # Serve from the imported module, not from `__main__`, so pickled results name
+    # `eqsched.runner.Measurement`, which the parent can load.
+    from eqsched.runner import _serve as serve
+
+    requests_fd, replies_fd = int(sys.argv[1]), int(sys.argv[2])
+    serve(Connection(requests_fd, writable=False), Connection(replies_fd, readable=False))

@@ -1,0 +1,85 @@
+"""The measurement runner: check before timing, and crashes or hangs as error values."""
+
+from dataclasses import replace
+
+import pytest
+
+from eqsched.expr import Const
+from eqsched.ir import Block, Loop, LoopKind, map_nodes, naive_program
+from eqsched.runner import Measurement, measure
+from eqsched.workloads import get_workload
+
+
+@pytest.fixture(scope="module")
+def matmul():
+    return naive_program(get_workload("matmul").build(16, 24, 8))
+
+
+def _edit_block(prog, name, **changes):
+    def edit(node):
+        if isinstance(node, Block) and node.name == name:
+            return replace(node, **changes)
+        return None
+
+    return prog.with_body(map_nodes(prog.body, edit))
+
+
+def test_a_correct_program_is_checked_then_timed(matmul):
+    m = measure(matmul, repeats=4, warmup=1)
+    assert m.error is None, m.error
+    assert m.correct is True and m.max_err < 1e-5
+    assert len(m.times) == 4 and 0 < m.min_s <= m.median_s
+    assert m.gflops == pytest.approx(2 * 16 * 24 * 8 / m.median_s / 1e9)
+    assert m.info["backend"]["cpu_name"] and m.info["machine"]["peak_gflops_per_core"] > 0
+    assert m.info["settings"] == {"repeats": 4, "warmup": 1, "seed": 0, "timeout_s": 120.0}
+    assert m.info["program_hash"] == matmul.hash()
+    assert isinstance(m.to_json()["times"], list)
+
+
+def test_a_wrong_program_is_reported_and_not_timed(matmul):
+    wrong = _edit_block(matmul, "C.init", value=Const(1.0, "float32"))
+    m = measure(wrong, repeats=3)
+    assert m.correct is False and m.error is None
+    assert m.times == [] and m.median_s is None and m.gflops is None
+    assert m.max_err == pytest.approx(1.0, rel=1e-3)
+    assert "384 of 384 elements off" in m.check_message
+
+
+def test_outputs_the_kernel_never_writes_fail_the_check(matmul):
+    m = measure(matmul.with_body(()), repeats=1)
+    assert m.correct is False and "elements off" in m.check_message
+
+
+def test_unchecked_runs_are_timed_without_a_verdict(matmul):
+    wrong = _edit_block(matmul, "C.init", value=Const(1.0, "float32"))
+    m = measure(wrong, repeats=2, check=False)
+    assert m.correct is None and len(m.times) == 2
+
+
+def test_a_crashing_kernel_becomes_an_error_and_the_next_measure_works(matmul):
+    update = matmul.block("C.update")
+    i, j = update.indices
+    crashing = _edit_block(matmul, "C.update", indices=(i + 10**12, j))  # far outside C
+    m = measure(crashing, repeats=1)
+    assert isinstance(m, Measurement) and m.correct is False
+    assert m.error == "worker process died: killed by SIGSEGV"
+    assert "machine" in m.info
+    assert measure(matmul, repeats=1).correct is True
+
+
+def test_a_hanging_kernel_times_out_and_the_next_measure_works(matmul):
+    hanging = matmul.with_body((Loop("forever", 10**15, LoopKind.SERIAL, matmul.body),))
+    m = measure(hanging, repeats=1, timeout_s=2)
+    assert m.correct is False and m.error.startswith("timed out after 2 s")
+    assert measure(matmul, repeats=1).correct is True
+
+
+def test_an_exception_in_the_worker_is_an_error_value(matmul):
+    broken = _edit_block(matmul, "C.update", buffer="NoSuchBuffer")
+    m = measure(broken, repeats=1)
+    assert m.correct is False and m.error and "NoSuchBuffer" in m.error
+
+
+def test_negative_repeats_are_a_caller_error(matmul):
+    with pytest.raises(ValueError, match="repeats"):
+        measure(matmul, repeats=-1)
