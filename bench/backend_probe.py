@@ -37,7 +37,8 @@ def matmul(m: int, n: int, k: int) -> te.Computation:
     return te.Computation("matmul", [c])
 
 
-def packed_matmul(m: int, n: int, k: int, rows: int) -> Program:
+def packed_matmul(m: int, n: int, k: int, rows: int, outer: LoopKind = S) -> Program:
+    """`outer` is the kind of the two root loops (pack panels, column panels of C)."""
     comp = matmul(m, n, k)
     i, j, kk = Var("i"), Var("j"), Var("k")
     p0, p1, p2 = Var("p0"), Var("p1"), Var("p2")
@@ -47,7 +48,7 @@ def packed_matmul(m: int, n: int, k: int, rows: int) -> Program:
                  (Binding("p0", (("B_packed.p0", 1),)), Binding("p1", (("B_packed.p1", 1),)),
                   Binding("p2", (("B_packed.p2", 1),))),
                  "B_packed", (p0, p1, p2), Load("B", (p1, p0 * PANEL + p2)))
-    pack_nest = Loop("B_packed.p0", n // PANEL, S, (
+    pack_nest = Loop("B_packed.p0", n // PANEL, outer, (
         Loop("B_packed.p1", k, S, (Loop("B_packed.p2", PANEL, V, (pack,)),)),))
 
     local = (i % rows, (j // 16) % 2, j % 16)
@@ -67,7 +68,7 @@ def packed_matmul(m: int, n: int, k: int, rows: int) -> Program:
                    Load("A", (i, kk)) * Load("B_packed", (j // PANEL, kk, j % PANEL)), "sum")
     write = Block("C.write", "C", (ax_i, ax_j), ij("C.write"), "C", (i, j),
                   Load("C.local", local))
-    nest = Loop("C.j.0", n // PANEL, S, (Loop("C.i.0", m // rows, S, (Alloc("C.local", (
+    nest = Loop("C.j.0", n // PANEL, outer, (Loop("C.i.0", m // rows, S, (Alloc("C.local", (
         tile("C.init", init),
         Loop("C.k", k, S, (tile("C", update),)),
         tile("C.write", write),
@@ -94,11 +95,14 @@ def main() -> None:
     parser.add_argument("sizes", nargs="*", type=int, default=[512, 1024])
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="> 1: run the root loops in parallel (numpy stays on one core)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     for size in args.sizes:
-        prog = packed_matmul(size, size, size, args.rows)
-        kernel = compile_program(prog, CompileOptions(threads=1))
+        outer = LoopKind.PARALLEL if args.threads > 1 else S
+        prog = packed_matmul(size, size, size, args.rows, outer)
+        kernel = compile_program(prog, CompileOptions(threads=args.threads))
         a = rng.standard_normal((size, size), dtype=np.float32)
         b = rng.standard_normal((size, size), dtype=np.float32)
         c = np.empty((size, size), np.float32)
@@ -107,8 +111,9 @@ def main() -> None:
         flop = 2.0 * size**3
         ours = median_seconds(kernel, (a, b, c), args.repeats)
         ref = median_seconds(np.matmul, (a, b, c), args.repeats)
-        print(f"{size}^3 rows={args.rows}: eqsched {flop / ours / 1e9:6.1f} GFLOPS  "
-              f"numpy {flop / ref / 1e9:6.1f} GFLOPS  ratio {ref / ours:.2f}  "
+        print(f"{size}^3 rows={args.rows} threads={args.threads}: "
+              f"eqsched {flop / ours / 1e9:6.1f} GFLOPS  numpy {flop / ref / 1e9:6.1f} GFLOPS  "
+              f"ratio {ref / ours:.2f}  "
               f"max|err| {err:.2e}  compile {kernel.info['compile_seconds']} s")
 
 

@@ -10,8 +10,6 @@ from eqsched import expr, te
 from eqsched.backend import BackendError, CompileOptions, compile_program
 from eqsched.expr import Const, Load, Var
 from eqsched.interp import run_program
-from eqsched.reference import compare, random_inputs, reference, tolerance
-from eqsched.workloads import list_workloads
 from eqsched.ir import (
     Alloc,
     Binding,
@@ -24,6 +22,8 @@ from eqsched.ir import (
     naive_program,
     nest,
 )
+from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.workloads import list_workloads
 
 S, U, V, P = LoopKind.SERIAL, LoopKind.UNROLLED, LoopKind.VECTORIZED, LoopKind.PARALLEL
 rng = np.random.default_rng(0)

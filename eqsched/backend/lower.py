@@ -4,26 +4,23 @@ Consecutive non-parallel root nodes become one function `(ptr buffers...)`; a pa
 becomes a chunk function `(ptr buffers..., i64 lo, i64 hi)` over part of its range, which the kernel
 calls from several threads. Buffers are passed in `Program.params` order.
 
-Inside a function every loop variable is one of: a Python int (an unrolled loop: the body is
-emitted once per value, so indices fold to constants and a local tile can live in registers), an
-i64 SSA value (a serial loop), or the lanes `<0, 1, .., L-1>` of the one vectorized loop around the
-code. Index expressions are normalized to affine form over the loop variables (`to_affine`, which
-also resolves `//` and `%` of split loops); the coefficient of the vectorized loop in a buffer's
-linearized address decides between a vector load (1), a scalar load and broadcast (0) and a gather.
+Serial loops become counted loops, unrolled loops repeat their body with the variable a constant,
+and a vectorized loop emits its body once on `<L x float>` values (`indexing` says how each access
+varies over the lanes). Float values stay scalar until they meet a vector, so a load invariant in
+the vectorized loop is done once and broadcast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
 
 from llvmlite import ir
 
-from ..affine import Affine, AffineError, to_affine
-from ..expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, substitute
+from ..expr import BinOp, Call, Const, Expr, Load, Select
 from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope
 from .errors import BackendError
-from .mathlib import F32, I32, MathEmitter
+from .indexing import LANES, Indexer
+from .mathlib import F32, I32, MathEmitter, broadcast, same_shape
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
@@ -64,23 +61,6 @@ def lower(prog: Program, triple: str, data_layout: str) -> tuple[ir.Module, list
     return module, segments
 
 
-class _Lanes:
-    """Marker: this loop variable is the lane index of the vectorized loop."""
-
-
-LANES = _Lanes()
-Scalar = int | ir.Value  # an index value: folded constant or i64 / <L x i64> SSA value
-
-
-@dataclass
-class _Address:
-    """Element offset of an access: `scalar + stride * lane`, or per-lane `vector` offsets."""
-
-    scalar: ir.Value
-    stride: int = 0
-    vector: ir.Value | None = None
-
-
 class _FunctionEmitter:
     def __init__(self, module: ir.Module, prog: Program, name: str, chunked: bool):
         self.prog = prog
@@ -94,15 +74,12 @@ class _FunctionEmitter:
             for attr in ("noalias", "nonnull", "captures(none)"):
                 arg.attributes.add(attr)
             arg.attributes.dereferenceable = 4 * buf.size
-            arg.attributes.align = 4
+            # The kernel allocates intermediates 64-byte aligned; callers' arrays may be less.
+            arg.attributes.align = 64 if buf.scope == Scope.GLOBAL else 4
             self.ptrs[buf.name] = arg
         self.entry = self.fn.append_basic_block("entry")
         self.b = ir.IRBuilder(self.entry)
-        self.env: dict[str, Scalar | _Lanes] = {}
-        self.ranges: dict[str, tuple[int, int]] = {}
-        self.depth: dict[str, int] = {}
-        self.axes: dict[str, Expr] = {}  # the current block's axes as expressions over loops
-        self.vec: Loop | None = None
+        self.ix = Indexer(self.b, prog)
         self.guarded = 0  # > 0 while emitting a Select branch: loads there may be out of bounds
 
     # ---- structure --------------------------------------------------------------------------
@@ -135,20 +112,11 @@ class _FunctionEmitter:
             self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, loop.extent))
         elif loop.kind == LoopKind.UNROLLED:
             for value in range(loop.extent):
-                self._enter(loop, value)
+                self.ix.enter(loop, value)
                 self._nodes(loop.body)
-            self._leave(loop)
+            self.ix.leave(loop)
         else:
             self._vectorized(loop)
-
-    def _enter(self, loop: Loop, value: Scalar | _Lanes) -> None:
-        self.env[loop.name] = value
-        self.ranges[loop.name] = (0, loop.extent - 1)
-        self.depth[loop.name] = len(self.depth)
-
-    def _leave(self, loop: Loop) -> None:
-        for table in (self.env, self.ranges, self.depth):
-            table.pop(loop.name, None)
 
     def _counted_loop(self, loop: Loop, lo: ir.Value, hi: ir.Value) -> None:
         b = self.b
@@ -162,18 +130,18 @@ class _FunctionEmitter:
         b.position_at_end(body)
         iv = b.phi(I64, name=loop.name)
         iv.add_incoming(lo, pre)
-        self._enter(loop, iv)
+        self.ix.enter(loop, iv)
         self._nodes(loop.body)
-        self._leave(loop)
+        self.ix.leave(loop)
         nxt = b.add(iv, ir.Constant(I64, 1), flags=["nuw", "nsw"])
         iv.add_incoming(nxt, b.block)
         b.cbranch(b.icmp_signed("<", nxt, hi), body, done)
         b.position_at_end(done)
 
     def _vectorized(self, loop: Loop) -> None:
-        if self.vec is not None:
+        if self.ix.vec is not None:
             raise BackendError(
-                f"vectorized loop {loop.name} is inside vectorized loop {self.vec.name}")
+                f"vectorized loop {loop.name} is inside vectorized loop {self.ix.vec.name}")
         for blk in _blocks_under(loop):
             if blk.reduce is None:
                 continue
@@ -184,11 +152,9 @@ class _FunctionEmitter:
                         f"vectorized loop {loop.name} binds reduce axis {axis.name} of "
                         f"accumulating block {blk.name}: its lanes would race on {blk.buffer}"
                     )
-        self.vec = loop
-        self._enter(loop, LANES)
+        self.ix.enter(loop, LANES)
         self._nodes(loop.body)
-        self._leave(loop)
-        self.vec = None
+        self.ix.leave(loop)
 
     def _alloc(self, node: Alloc) -> None:
         buf = self.prog.buffer(node.buffer)
@@ -208,19 +174,17 @@ class _FunctionEmitter:
     # ---- blocks -----------------------------------------------------------------------------
 
     def _block(self, blk: Block) -> None:
-        self.axes = {bd.axis: bd.expr() for bd in blk.bindings}
-        missing = [a.name for a in blk.axes if a.name not in self.axes]
-        if missing:
-            raise BackendError(f"block {blk.name} has no binding for axes {missing}")
-        addr = self._address(blk.buffer, blk.indices)
-        if self.vec is not None and (addr.vector is not None or addr.stride != 1):
+        self.ix.bind(blk)
+        vec = self.ix.vec
+        addr = self.ix.address(blk.buffer, blk.indices)
+        if vec is not None and (addr.vector is not None or addr.stride != 1):
             stride = "a non-affine index" if addr.vector is not None else f"stride {addr.stride}"
             raise BackendError(
-                f"vectorized loop {self.vec.name} needs unit-stride stores, but block {blk.name} "
+                f"vectorized loop {vec.name} needs unit-stride stores, but block {blk.name} "
                 f"stores {blk.buffer} with {stride} in it"
             )
         ptr = self._gep(blk.buffer, addr.scalar)
-        ty = ir.VectorType(F32, self.vec.extent) if self.vec is not None else F32
+        ty = ir.VectorType(F32, vec.extent) if vec is not None else F32
         if blk.reduce is None:
             value = self._widen(self._value(blk.value, None), ty)
         else:
@@ -241,69 +205,7 @@ class _FunctionEmitter:
             return b.fadd(acc, v)
         return b.select(b.fcmp_ordered(">", acc, v), acc, v)
 
-    # ---- addresses --------------------------------------------------------------------------
-
-    def _loop_expr(self, e: Expr) -> Expr:
-        """An expression over the block's axes, rewritten over the enclosing loops."""
-        return substitute(e, self.axes)
-
-    def _address(self, buffer: str, indices: tuple[Expr, ...]) -> _Address:
-        shape = self.prog.buffer(buffer).shape
-        if len(indices) != len(shape):
-            raise BackendError(
-                f"{buffer} has {len(shape)} dimensions but is indexed with {len(indices)}")
-        strides = [prod(shape[d + 1:]) for d in range(len(shape))]
-        loop_indices = [self._loop_expr(ix) for ix in indices]
-        try:
-            flat = Affine.of({})
-            for ix, stride in zip(loop_indices, strides):
-                flat = flat + to_affine(ix, self.ranges).scale(stride)
-        except AffineError:
-            return self._general_address(loop_indices, strides)
-        return self._affine_address(flat)
-
-    def _affine_address(self, flat: Affine) -> _Address:
-        const, lane_stride, terms = self._split_affine(flat)
-        return _Address(self._sum_terms(terms, const), lane_stride)
-
-    def _split_affine(self, flat: Affine) -> tuple[int, int, list[tuple[ir.Value, int]]]:
-        const, lane_stride = flat.const, 0
-        terms: list[tuple[int, ir.Value, int]] = []
-        for var, coeff in flat.terms:
-            value = self._var(var)
-            if value is LANES:
-                lane_stride += coeff
-            elif isinstance(value, int):
-                const += coeff * value
-            else:
-                terms.append((self.depth[var], value, coeff))
-        # Outer loops first: their partial sums are invariant in the inner loops (LICM hoists them).
-        terms.sort(key=lambda t: t[0])
-        return const, lane_stride, [(v, c) for _, v, c in terms]
-
-    def _sum_terms(self, terms: list[tuple[ir.Value, int]], const: int) -> ir.Value:
-        b = self.b
-        total: ir.Value | None = None
-        for value, coeff in terms:
-            term = value if coeff == 1 else b.mul(value, ir.Constant(I64, coeff), flags=["nsw"])
-            total = term if total is None else b.add(total, term, flags=["nsw"])
-        if total is None:
-            return ir.Constant(I64, const)
-        return b.add(total, ir.Constant(I64, const), flags=["nsw"]) if const else total
-
-    def _general_address(self, indices: list[Expr], strides: list[int]) -> _Address:
-        total: Scalar = 0
-        for ix, stride in zip(indices, strides):
-            total = self._int_op("+", total, self._int_op("*", self._int(ix), stride))
-        if isinstance(total, ir.Value) and isinstance(total.type, ir.VectorType):
-            return _Address(ir.Constant(I64, 0), vector=total)
-        return _Address(self._as_i64(total))
-
-    def _var(self, name: str) -> Scalar | _Lanes:
-        try:
-            return self.env[name]
-        except KeyError:
-            raise BackendError(f"an index uses loop {name}, which does not enclose it") from None
+    # ---- memory -----------------------------------------------------------------------------
 
     def _gep(self, buffer: str, offset: ir.Value) -> ir.Value:
         try:
@@ -314,88 +216,6 @@ class _FunctionEmitter:
         if isinstance(offset.type, ir.VectorType):
             gep.type = ir.VectorType(PTR, offset.type.count)  # llvmlite types every GEP as `ptr`
         return gep
-
-    # ---- integer expressions (indices in conditions, non-affine indices) ---------------------
-
-    def _int(self, e: Expr) -> Scalar:
-        """Value of an integer expression over loops: Python int, i64, or <L x i64> per lane."""
-        try:
-            const, lane_stride, terms = self._split_affine(to_affine(e, self.ranges))
-        except AffineError:
-            return self._int_tree(e)
-        value: Scalar = const if not terms else self._sum_terms(terms, const)
-        if lane_stride:
-            lanes = self._lanes_i64()
-            if lane_stride != 1:
-                lanes = self.b.mul(lanes, self._splat_i64(lane_stride))
-            value = self._int_op("+", value, lanes)
-        return value
-
-    def _int_tree(self, e: Expr) -> Scalar:
-        if isinstance(e, Const):
-            return int(e.value)
-        if isinstance(e, Var):
-            value = self._var(e.name)
-            return self._lanes_i64() if value is LANES else value  # type: ignore[return-value]
-        if isinstance(e, BinOp):
-            return self._int_op(e.op, self._int_tree(e.a), self._int_tree(e.b))
-        raise BackendError(f"not an integer index expression: {e}")
-
-    def _int_op(self, op: str, x: Scalar, y: Scalar) -> Scalar:
-        if isinstance(x, int) and isinstance(y, int):
-            return _fold(op, x, y)
-        b = self.b
-        x, y = self._same_int_shape(x, y)
-        if op == "+":
-            return b.add(x, y)
-        if op == "-":
-            return b.sub(x, y)
-        if op == "*":
-            return b.mul(x, y)
-        if op in ("max", "min"):
-            return b.select(b.icmp_signed(">" if op == "max" else "<", x, y), x, y)
-        # Floor division and modulo (Python semantics): adjust C's truncation when the signs differ.
-        q, r = b.sdiv(x, y), b.srem(x, y)
-        zero = ir.Constant(x.type, None)
-        fix = b.and_(b.icmp_signed("!=", r, zero),
-                     b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
-        if op == "//":
-            return b.sub(q, b.zext(fix, x.type))
-        if op == "%":
-            return b.add(r, b.select(fix, y, zero))
-        raise BackendError(f"unknown integer operator {op!r}")
-
-    def _same_int_shape(self, x: Scalar, y: Scalar) -> tuple[ir.Value, ir.Value]:
-        x, y = self._as_i64(x), self._as_i64(y)
-        if isinstance(x.type, ir.VectorType) and not isinstance(y.type, ir.VectorType):
-            y = self._broadcast(y, x.type)
-        elif isinstance(y.type, ir.VectorType) and not isinstance(x.type, ir.VectorType):
-            x = self._broadcast(x, y.type)
-        return x, y
-
-    def _cond(self, c: Expr) -> ir.Value | bool:
-        if not isinstance(c, Cmp):
-            raise BackendError(f"a select condition must be a comparison, got {c}")
-        if c.op == "and":
-            x, y = self._cond(c.a), self._cond(c.b)
-            if isinstance(x, bool) or isinstance(y, bool):
-                if x is False or y is False:
-                    return False
-                return y if x is True else x
-            x, y = self._same_bool_shape(x, y)
-            return self.b.and_(x, y)
-        x, y = self._int(self._loop_expr(c.a)), self._int(self._loop_expr(c.b))
-        if isinstance(x, int) and isinstance(y, int):
-            return _compare(c.op, x, y)
-        x, y = self._same_int_shape(x, y)
-        return self.b.icmp_signed(c.op, x, y)
-
-    def _same_bool_shape(self, x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
-        if isinstance(x.type, ir.VectorType) and not isinstance(y.type, ir.VectorType):
-            y = self._broadcast(y, x.type)
-        elif isinstance(y.type, ir.VectorType) and not isinstance(x.type, ir.VectorType):
-            x = self._broadcast(x, y.type)
-        return x, y
 
     # ---- float values -----------------------------------------------------------------------
 
@@ -411,7 +231,7 @@ class _FunctionEmitter:
         if isinstance(e, Load):
             return self._load(e, mask)
         if isinstance(e, BinOp):
-            x, y = self._same_float_shape(self._value(e.a, mask), self._value(e.b, mask))
+            x, y = same_shape(self.b, self._value(e.a, mask), self._value(e.b, mask))
             if e.op == "+":
                 return b.fadd(x, y)
             if e.op == "-":
@@ -442,7 +262,7 @@ class _FunctionEmitter:
         raise BackendError(f"unknown math function {fn!r}")
 
     def _select(self, e: Select, mask: ir.Value | None) -> ir.Value:
-        cond = self._cond(e.cond)
+        cond = self.ix.cond(e.cond)
         if isinstance(cond, bool):
             return self._value(e.a if cond else e.b, mask)
         b = self.b
@@ -453,7 +273,7 @@ class _FunctionEmitter:
             x = self._value(e.a, cond if mask is None else b.and_(mask, cond))
             y = self._value(e.b, not_cond if mask is None else b.and_(mask, not_cond))
             self.guarded -= 1
-            x, y = self._same_float_shape(x, y)
+            x, y = same_shape(self.b, x, y)
             return b.select(cond, x, y)
         # One condition for all lanes: a real branch, so the untaken side never runs.
         then_bb = self.fn.append_basic_block("then")
@@ -470,10 +290,10 @@ class _FunctionEmitter:
         if x.type != y.type:
             if isinstance(x.type, ir.VectorType):
                 b.position_at_end(y_end)
-                y = self._broadcast(y, x.type)
+                y = broadcast(self.b, y, x.type)
             else:
                 b.position_at_end(x_end)
-                x = self._broadcast(x, y.type)
+                x = broadcast(self.b, x, y.type)
         for end in (x_end, y_end):
             b.position_at_end(end)
             b.branch(merge_bb)
@@ -485,8 +305,9 @@ class _FunctionEmitter:
 
     def _load(self, ld: Load, mask: ir.Value | None) -> ir.Value:
         b = self.b
-        addr = self._address(ld.buffer, ld.indices)
-        vec_ty = ir.VectorType(F32, self.vec.extent) if self.vec is not None else None
+        addr = self.ix.address(ld.buffer, ld.indices)
+        vec = self.ix.vec
+        vec_ty = ir.VectorType(F32, vec.extent) if vec is not None else None
         if vec_ty is None or (addr.vector is None and addr.stride == 0 and mask is None):
             value = b.load(self._gep(ld.buffer, addr.scalar), typ=F32)
             value.align = 4
@@ -502,9 +323,9 @@ class _FunctionEmitter:
         if addr.vector is not None:
             offsets = addr.vector
         else:
-            offsets = self._broadcast(addr.scalar, ir.VectorType(I64, vec_ty.count))
+            offsets = broadcast(self.b, addr.scalar, ir.VectorType(I64, vec_ty.count))
             if addr.stride:
-                lanes = b.mul(self._lanes_i64(), self._splat_i64(addr.stride))
+                lanes = b.mul(self.ix.lanes(), self.ix.splat(addr.stride))
                 offsets = b.add(offsets, lanes)
         ptrs = self._gep(ld.buffer, offsets)
         if mask is None:
@@ -512,35 +333,8 @@ class _FunctionEmitter:
         return b.call(_gather(b.module, vec_ty), [ptrs, ir.Constant(I32, 4), mask,
                                                   ir.Constant(vec_ty, None)])
 
-    # ---- vector helpers ---------------------------------------------------------------------
-
-    def _same_float_shape(self, x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
-        if isinstance(x.type, ir.VectorType) and not isinstance(y.type, ir.VectorType):
-            y = self._broadcast(y, x.type)
-        elif isinstance(y.type, ir.VectorType) and not isinstance(x.type, ir.VectorType):
-            x = self._broadcast(x, y.type)
-        return x, y
-
     def _widen(self, value: ir.Value, ty: ir.Type) -> ir.Value:
-        return self._broadcast(value, ty) if value.type != ty else value
-
-    def _broadcast(self, value: ir.Value, ty: ir.VectorType) -> ir.Value:
-        if isinstance(value, ir.Constant):
-            return ir.Constant(ty, [value.constant] * ty.count)
-        one = self.b.insert_element(ir.Constant(ty, ir.Undefined), value, ir.Constant(I32, 0))
-        zeros = ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count)
-        return self.b.shuffle_vector(one, ir.Constant(ty, ir.Undefined), zeros)
-
-    def _lanes_i64(self) -> ir.Constant:
-        assert self.vec is not None
-        return ir.Constant(ir.VectorType(I64, self.vec.extent), list(range(self.vec.extent)))
-
-    def _splat_i64(self, value: int) -> ir.Constant:
-        assert self.vec is not None
-        return ir.Constant(ir.VectorType(I64, self.vec.extent), [value] * self.vec.extent)
-
-    def _as_i64(self, value: Scalar) -> ir.Value:
-        return ir.Constant(I64, value) if isinstance(value, int) else value
+        return broadcast(self.b, value, ty) if value.type != ty else value
 
 
 def _blocks_under(loop: Loop) -> list[Block]:
@@ -569,28 +363,6 @@ def _gather(module: ir.Module, ty: ir.VectorType) -> ir.Function:
     ptrs_ty = ir.VectorType(PTR, ty.count)
     mask_ty = ir.VectorType(I1, ty.count)
     return ir.Function(module, ir.FunctionType(ty, [ptrs_ty, I32, mask_ty, ty]), name)
-
-
-def _fold(op: str, x: int, y: int) -> int:
-    if op == "+":
-        return x + y
-    if op == "-":
-        return x - y
-    if op == "*":
-        return x * y
-    if op == "//":
-        return x // y
-    if op == "%":
-        return x % y
-    if op == "max":
-        return max(x, y)
-    if op == "min":
-        return min(x, y)
-    raise BackendError(f"unknown integer operator {op!r}")
-
-
-def _compare(op: str, x: int, y: int) -> bool:
-    return {"<": x < y, "<=": x <= y, "==": x == y, "!=": x != y, ">=": x >= y, ">": x > y}[op]
 
 
 __all__ = ["Segment", "lower"]

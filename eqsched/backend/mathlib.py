@@ -1,4 +1,4 @@
-"""exp, log and tanh as straight-line float32 code, scalar or `<L x float>` alike.
+"""exp, log and tanh as straight-line float32 code, scalar or `<L x float>` alike; broadcasting.
 
 LLVM's `llvm.exp`/`llvm.log` intrinsics become one libm call per lane, so a vectorized loop with an
 exp in it would run at scalar speed. These are the Cephes/SLEEF algorithms: range reduction, a
@@ -129,6 +129,24 @@ class MathEmitter:
         big = self.call("copysign", big, x)
         r = self.pick(b.fcmp_ordered("<", ax, self.f(0.625)), small, big)
         return self.pick(b.fcmp_unordered("uno", x, x), x, r)
+
+
+def broadcast(builder: ir.IRBuilder, value: ir.Value, ty: ir.VectorType) -> ir.Value:
+    """`value` in every lane of a vector of type `ty`."""
+    if isinstance(value, ir.Constant):
+        return ir.Constant(ty, [value.constant] * ty.count)
+    one = builder.insert_element(ir.Constant(ty, ir.Undefined), value, ir.Constant(I32, 0))
+    zeros = ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count)
+    return builder.shuffle_vector(one, ir.Constant(ty, ir.Undefined), zeros)
+
+
+def same_shape(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Broadcast whichever of x, y is a scalar when the other is a vector."""
+    if isinstance(x.type, ir.VectorType) and not isinstance(y.type, ir.VectorType):
+        return x, broadcast(builder, y, x.type)
+    if isinstance(y.type, ir.VectorType) and not isinstance(x.type, ir.VectorType):
+        return broadcast(builder, x, y.type), y
+    return x, y
 
 
 def _splat(ty: ir.Type, value: float) -> ir.Constant:

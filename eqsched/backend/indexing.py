@@ -1,0 +1,224 @@
+"""Index arithmetic inside a generated function: loop variables, addresses, select conditions.
+
+A loop variable is one of: a Python int (an unrolled loop: the body is emitted once per value, so
+indices fold to constants and a local tile can live in registers), an i64 SSA value (a serial
+loop), or the lanes `<0, 1, .., L-1>` of the one vectorized loop around the code. Index
+expressions are normalized to affine form over the loop variables (`to_affine`, which also resolves
+`//` and `%` of split loops); the coefficient of the vectorized loop in a buffer's linearized
+address decides between a vector access (1), a scalar one (0) and a gather. Indices that are not
+affine are computed as integer code, per lane when they depend on the vectorized loop.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from math import prod
+
+from llvmlite import ir
+
+from ..affine import Affine, AffineError, to_affine
+from ..expr import BinOp, Cmp, Const, Expr, Var, substitute
+from ..ir import Block, Loop, Program
+from .errors import BackendError
+from .mathlib import same_shape
+
+I64 = ir.IntType(64)
+
+
+class Lanes:
+    """Marker: this loop variable is the lane index of the vectorized loop."""
+
+
+LANES = Lanes()
+Scalar = int | ir.Value  # an index value: folded constant or i64 / <L x i64> SSA value
+
+
+@dataclass
+class Address:
+    """Element offset of an access: `scalar + stride * lane`, or per-lane `vector` offsets."""
+
+    scalar: ir.Value
+    stride: int = 0
+    vector: ir.Value | None = None
+
+
+class Indexer:
+    """The loops around the code being emitted, and the current block's axes in terms of them."""
+
+    def __init__(self, builder: ir.IRBuilder, prog: Program):
+        self.b = builder
+        self.prog = prog
+        self.env: dict[str, Scalar | Lanes] = {}
+        self.ranges: dict[str, tuple[int, int]] = {}
+        self.depth: dict[str, int] = {}
+        self.axes: dict[str, Expr] = {}
+        self.vec: Loop | None = None
+
+    def enter(self, loop: Loop, value: Scalar | Lanes) -> None:
+        self.env[loop.name] = value
+        self.ranges[loop.name] = (0, loop.extent - 1)
+        self.depth[loop.name] = len(self.depth)
+        if value is LANES:
+            self.vec = loop
+
+    def leave(self, loop: Loop) -> None:
+        for table in (self.env, self.ranges, self.depth):
+            table.pop(loop.name, None)
+        if self.vec is loop:
+            self.vec = None
+
+    def bind(self, blk: Block) -> None:
+        """Make `blk`'s axes the variables of the index expressions that follow."""
+        self.axes = {bd.axis: bd.expr() for bd in blk.bindings}
+        missing = [a.name for a in blk.axes if a.name not in self.axes]
+        if missing:
+            raise BackendError(f"block {blk.name} has no binding for axes {missing}")
+
+    def loop_expr(self, e: Expr) -> Expr:
+        """An expression over the block's axes, rewritten over the enclosing loops."""
+        return substitute(e, self.axes)
+
+    def address(self, buffer: str, indices: tuple[Expr, ...]) -> Address:
+        shape = self.prog.buffer(buffer).shape
+        if len(indices) != len(shape):
+            raise BackendError(
+                f"{buffer} has {len(shape)} dimensions but is indexed with {len(indices)}")
+        strides = [prod(shape[d + 1:]) for d in range(len(shape))]
+        loop_indices = [self.loop_expr(ix) for ix in indices]
+        try:
+            flat = Affine.of({})
+            for ix, stride in zip(loop_indices, strides):
+                flat = flat + to_affine(ix, self.ranges).scale(stride)
+        except AffineError:
+            return self._general_address(loop_indices, strides)
+        return self._affine_address(flat)
+
+    def _affine_address(self, flat: Affine) -> Address:
+        const, lane_stride, terms = self._split_affine(flat)
+        return Address(self._sum_terms(terms, const), lane_stride)
+
+    def _split_affine(self, flat: Affine) -> tuple[int, int, list[tuple[ir.Value, int]]]:
+        const, lane_stride = flat.const, 0
+        terms: list[tuple[int, ir.Value, int]] = []
+        for var, coeff in flat.terms:
+            value = self.var(var)
+            if value is LANES:
+                lane_stride += coeff
+            elif isinstance(value, int):
+                const += coeff * value
+            else:
+                terms.append((self.depth[var], value, coeff))
+        # Outer loops first: their partial sums are invariant in the inner loops (LICM hoists them).
+        terms.sort(key=lambda t: t[0])
+        return const, lane_stride, [(v, c) for _, v, c in terms]
+
+    def _sum_terms(self, terms: list[tuple[ir.Value, int]], const: int) -> ir.Value:
+        b = self.b
+        total: ir.Value | None = None
+        for value, coeff in terms:
+            term = value if coeff == 1 else b.mul(value, ir.Constant(I64, coeff), flags=["nsw"])
+            total = term if total is None else b.add(total, term, flags=["nsw"])
+        if total is None:
+            return ir.Constant(I64, const)
+        return b.add(total, ir.Constant(I64, const), flags=["nsw"]) if const else total
+
+    def _general_address(self, indices: list[Expr], strides: list[int]) -> Address:
+        total: Scalar = 0
+        for ix, stride in zip(indices, strides):
+            total = self._int_op("+", total, self._int_op("*", self.int_value(ix), stride))
+        if isinstance(total, ir.Value) and isinstance(total.type, ir.VectorType):
+            return Address(ir.Constant(I64, 0), vector=total)
+        return Address(self._as_i64(total))
+
+    def var(self, name: str) -> Scalar | Lanes:
+        try:
+            return self.env[name]
+        except KeyError:
+            raise BackendError(f"an index uses loop {name}, which does not enclose it") from None
+
+    # ---- integer expressions (indices in conditions, non-affine indices) ---------------------
+
+    def int_value(self, e: Expr) -> Scalar:
+        """Value of an integer expression over loops: Python int, i64, or <L x i64> per lane."""
+        try:
+            const, lane_stride, terms = self._split_affine(to_affine(e, self.ranges))
+        except AffineError:
+            return self._int_tree(e)
+        value: Scalar = const if not terms else self._sum_terms(terms, const)
+        if lane_stride:
+            lanes = self.lanes()
+            if lane_stride != 1:
+                lanes = self.b.mul(lanes, self.splat(lane_stride))
+            value = self._int_op("+", value, lanes)
+        return value
+
+    def _int_tree(self, e: Expr) -> Scalar:
+        if isinstance(e, Const):
+            return int(e.value)
+        if isinstance(e, Var):
+            value = self.var(e.name)
+            return self.lanes() if value is LANES else value  # type: ignore[return-value]
+        if isinstance(e, BinOp):
+            return self._int_op(e.op, self._int_tree(e.a), self._int_tree(e.b))
+        raise BackendError(f"not an integer index expression: {e}")
+
+    def _int_op(self, op: str, x: Scalar, y: Scalar) -> Scalar:
+        if isinstance(x, int) and isinstance(y, int):
+            return _FOLD[op](x, y)
+        b = self.b
+        x, y = same_shape(b, self._as_i64(x), self._as_i64(y))
+        if op == "+":
+            return b.add(x, y)
+        if op == "-":
+            return b.sub(x, y)
+        if op == "*":
+            return b.mul(x, y)
+        if op in ("max", "min"):
+            return b.select(b.icmp_signed(">" if op == "max" else "<", x, y), x, y)
+        # Floor division and modulo (Python semantics): adjust C's truncation when the signs differ.
+        q, r = b.sdiv(x, y), b.srem(x, y)
+        zero = ir.Constant(x.type, None)
+        fix = b.and_(b.icmp_signed("!=", r, zero),
+                     b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
+        if op == "//":
+            return b.sub(q, b.zext(fix, x.type))
+        if op == "%":
+            return b.add(r, b.select(fix, y, zero))
+        raise BackendError(f"unknown integer operator {op!r}")
+
+    def cond(self, c: Expr) -> ir.Value | bool:
+        """A select condition: i1, <L x i1> when it differs per lane, or a bool known now."""
+        if not isinstance(c, Cmp):
+            raise BackendError(f"a select condition must be a comparison, got {c}")
+        if c.op == "and":
+            x, y = self.cond(c.a), self.cond(c.b)
+            if isinstance(x, bool) or isinstance(y, bool):
+                if x is False or y is False:
+                    return False
+                return y if x is True else x
+            return self.b.and_(*same_shape(self.b, x, y))
+        x, y = self.int_value(self.loop_expr(c.a)), self.int_value(self.loop_expr(c.b))
+        if isinstance(x, int) and isinstance(y, int):
+            return _COMPARE[c.op](x, y)
+        return self.b.icmp_signed(c.op, *same_shape(self.b, self._as_i64(x), self._as_i64(y)))
+
+    # ---- lane vectors ------------------------------------------------------------------------
+
+    def lanes(self) -> ir.Constant:
+        """The vectorized loop's variable: <0, 1, .., L-1> as i64."""
+        assert self.vec is not None
+        return ir.Constant(ir.VectorType(I64, self.vec.extent), list(range(self.vec.extent)))
+
+    def splat(self, value: int) -> ir.Constant:
+        assert self.vec is not None
+        return ir.Constant(ir.VectorType(I64, self.vec.extent), [value] * self.vec.extent)
+
+    def _as_i64(self, value: Scalar) -> ir.Value:
+        return ir.Constant(I64, value) if isinstance(value, int) else value
+
+
+_FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
+         "%": operator.mod, "max": max, "min": min}
+_COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+            ">=": operator.ge, ">": operator.gt}
