@@ -1,0 +1,223 @@
+"""The `eqsched` command: a thin shell over workloads, schedules and the runner.
+
+    eqsched workloads [--json]
+    eqsched run matmul --size 512,512,512 --schedule examples/schedules/matmul-512.json
+    eqsched machine [--json]
+
+Every failure prints one line, `eqsched: error: ...`, on stderr and exits with status 2; a program
+that runs but computes a wrong result exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, NoReturn
+
+from . import machine
+from .backend import BackendError
+from .ir import LoopKind, Program, naive_program
+from .runner import DEFAULT_TIMEOUT_S, Measurement, measure
+from .schedule import Schedule, ScheduleError, load_trace
+from .te import WorkloadError
+from .workloads import Workload, get_workload, list_workloads
+
+EXIT_WRONG_RESULT = 1
+EXIT_ERROR = 2
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage mistakes in the same one-line form as every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"eqsched: error: {message} (see `eqsched {self._sub_name()}--help`)",
+              file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+
+    def _sub_name(self) -> str:
+        words = self.prog.split()[1:]
+        return " ".join(words) + " " if words else ""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="eqsched", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    wl = sub.add_parser("workloads", help="list the registered workloads")
+    wl.add_argument("--json", action="store_true", help="print a JSON list")
+
+    run = sub.add_parser("run", help="build a workload, apply a schedule, check and time it")
+    run.add_argument("workload", help="a name from `eqsched workloads`")
+    run.add_argument("--size", help="comma-separated sizes, one per parameter (default: the "
+                                    "trace's size, else the workload's default)")
+    run.add_argument("--schedule", metavar="TRACE", help="a schedule trace (JSON) to replay")
+    run.add_argument("--repeats", type=int, default=10, help="timed runs (default 10)")
+    run.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                     help=f"seconds for compile, check and timing (default {DEFAULT_TIMEOUT_S:g})")
+    run.add_argument("--json", action="store_true",
+                     help="print one JSON object on stdout (progress goes to stderr)")
+    run.add_argument("--no-print", action="store_true", help="do not print the program")
+
+    mach = sub.add_parser("machine", help="this machine's facts and measured FMA peak")
+    mach.add_argument("--json", action="store_true", help="print a JSON object")
+    return parser
+
+
+def parse_size(text: str, wl: Workload) -> tuple[int, ...]:
+    try:
+        size = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise CliError(f"bad --size {text!r}: expected integers separated by commas, "
+                       f"like {','.join(map(str, wl.default_size))}") from None
+    return wl.check_size(size)
+
+
+# ---- eqsched workloads ----------------------------------------------------------------------
+
+
+def _cmd_workloads(args: argparse.Namespace) -> int:
+    rows = [{"name": w.name, "params": list(w.params), "default_size": list(w.default_size),
+             "small_size": list(w.small_size), "description": w.description}
+            for w in list_workloads()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    table = [("workload", "params", "default size", "")]
+    table += [(r["name"], ",".join(r["params"]), ",".join(map(str, r["default_size"])),
+               r["description"]) for r in rows]
+    widths = [max(len(row[c]) for row in table) for c in range(3)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+    return 0
+
+
+# ---- eqsched run ----------------------------------------------------------------------------
+
+
+def _build(args: argparse.Namespace) -> tuple[Workload, tuple[int, ...], Program, list[dict]]:
+    wl = get_workload(args.workload)
+    steps: list[dict] = []
+    meta: dict[str, Any] = {}
+    if args.schedule:
+        steps, meta = load_trace(args.schedule)
+        if meta.get("workload") not in (None, wl.name):
+            raise CliError(f"trace {args.schedule} is for workload {meta['workload']!r}, "
+                           f"not {wl.name!r}")
+    if args.size is not None:
+        size = parse_size(args.size, wl)
+    elif meta.get("size") is not None:
+        size = wl.check_size(meta["size"])
+    else:
+        size = wl.default_size
+    program = naive_program(wl.build(*size))
+    if steps:
+        program = Schedule.replay(program, steps).program
+    return wl, size, program, steps
+
+
+def _cores_used(program: Program) -> int:
+    parallel = any(lp.kind == LoopKind.PARALLEL for lp in program.loops())
+    return machine.facts()["usable_cores"] if parallel else 1
+
+
+def _report(wl: Workload, size: tuple[int, ...], program: Program, steps: list[dict],
+            m: Measurement) -> dict[str, Any]:
+    peak_core = m.info.get("machine", {}).get("peak_gflops_per_core")
+    cores = _cores_used(program)
+    peak = peak_core * cores if peak_core else None
+    return {
+        "workload": wl.name,
+        "params": list(wl.params),
+        "size": list(size),
+        "correct": m.correct,
+        "max_err": m.max_err,
+        "check_message": m.check_message,
+        "median_s": m.median_s,
+        "min_s": m.min_s,
+        "times": m.times,
+        "flops": program.computation.flops,
+        "gflops": m.gflops,
+        "peak_gflops": peak,
+        "cores_used": cores,
+        "percent_of_peak": 100 * m.gflops / peak if m.gflops and peak else None,
+        "program_hash": program.hash(),
+        "program": program.text(),
+        "trace": steps,
+        "error": m.error,
+        "backend": m.info.get("backend"),
+        "machine": m.info.get("machine"),
+        "settings": m.info.get("settings"),
+    }
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    print(f"{r['workload']} {','.join(map(str, r['size']))}  program {r['program_hash']}  "
+          f"{len(r['trace'])} schedule steps")
+    print(f"correct: {r['correct']}  ({r['check_message']})")
+    if r["median_s"] is None:
+        return
+    print(f"time: median {r['median_s'] * 1e3:.4g} ms, min {r['min_s'] * 1e3:.4g} ms "
+          f"over {len(r['times'])} runs")
+    line = f"{r['gflops']:.4g} GFLOPS"
+    if r["percent_of_peak"] is not None:
+        line += (f", {r['percent_of_peak']:.1f}% of this machine's measured peak "
+                 f"({r['peak_gflops']:.4g} GFLOPS on {r['cores_used']} core"
+                 f"{'s' if r['cores_used'] > 1 else ''})")
+    print(line)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    if args.repeats < 1 or args.warmup < 0:
+        raise CliError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and "
+                       f"{args.warmup}")
+    wl, size, program, steps = _build(args)
+    if not args.no_print:
+        print(program.text(), file=sys.stderr if args.json else sys.stdout)
+    print(f"eqsched: measuring {wl.name} {','.join(map(str, size))} ...", file=sys.stderr)
+    m = measure(program, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
+                seed=args.seed)
+    if m.error is not None:
+        raise CliError(f"measuring {wl.name} failed: {m.error}")
+    report = _report(wl, size, program, steps, m)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_report(report)
+    return 0 if m.correct else EXIT_WRONG_RESULT
+
+
+# ---- eqsched machine ------------------------------------------------------------------------
+
+
+def _cmd_machine(args: argparse.Namespace) -> int:
+    facts = machine.describe()
+    if args.json:
+        print(json.dumps(facts))
+        return 0
+    for key, value in facts.items():
+        if key == "llvm_cpu_features":
+            value = " ".join(f for f in str(value).split(",") if f.startswith("+"))
+        print(f"{key}: {value}")
+    return 0
+
+
+COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machine}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (CliError, WorkloadError, ScheduleError, BackendError) as err:
+        message = str(err).strip().splitlines()
+        print(f"eqsched: error: {message[0] if message else type(err).__name__}", file=sys.stderr)
+    except Exception as err:  # a bug, still reported in one line rather than a traceback
+        print(f"eqsched: error: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+    return EXIT_ERROR

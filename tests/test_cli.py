@@ -1,0 +1,132 @@
+"""The `eqsched` command, run as a user would: a subprocess, its stdout, stderr and exit status."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import eqsched
+from eqsched.ir import naive_program
+from eqsched.schedule import Schedule, save_trace
+from eqsched.workloads import get_workload
+
+# The subprocess imports the same eqsched as these tests (a checkout or an installed copy).
+ENV = {**os.environ,
+       "PYTHONPATH": os.pathsep.join([str(Path(eqsched.__file__).resolve().parent.parent),
+                                      os.environ.get("PYTHONPATH", "")])}
+
+
+def eqsched_cmd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eqsched", *args], capture_output=True,
+                          text=True, env=ENV, timeout=120)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, fragment: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("eqsched: error: "), proc.stderr
+    assert fragment in lines[-1]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def matmul_trace(tmp_path_factory) -> Path:
+    sch = Schedule(naive_program(get_workload("matmul").build(32, 32, 16)))
+    sch.split("C.j", [2, 16])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.vectorize("C.j.1")
+    path = tmp_path_factory.mktemp("traces") / "matmul-32.json"
+    save_trace(path, sch.trace, workload="matmul", size=[32, 32, 16])
+    return path
+
+
+def test_workloads_lists_names_params_and_default_sizes():
+    proc = eqsched_cmd("workloads")
+    assert proc.returncode == 0
+    assert any(line.split()[:3] == ["matmul", "M,N,K", "512,512,512"]
+               for line in proc.stdout.splitlines())
+
+
+def test_workloads_json_is_a_list_of_objects():
+    rows = json.loads(eqsched_cmd("workloads", "--json").stdout)
+    conv = next(r for r in rows if r["name"] == "conv2d_nchw")
+    assert conv["default_size"] == [1, 64, 56, 56, 64, 3, 3, 1, 1]
+    assert conv["params"][-2:] == ["stride", "pad"]
+
+
+def test_run_small_matmul_prints_the_program_and_the_figures():
+    proc = eqsched_cmd("run", "matmul", "--size", "64,64,64", "--repeats", "3")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "for C.k in range(64):" in out
+    assert "correct: True" in out and "GFLOPS" in out and "% of this machine's measured peak" in out
+
+
+def test_run_json_prints_exactly_one_object(matmul_trace):
+    proc = eqsched_cmd("run", "matmul", "--schedule", str(matmul_trace), "--repeats", "2",
+                       "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # fails on any extra output
+    assert report["workload"] == "matmul" and report["size"] == [32, 32, 16]  # from the trace
+    assert report["correct"] is True and len(report["times"]) == 2
+    assert report["median_s"] > 0 and report["gflops"] > 0 and report["peak_gflops"] > 0
+    assert 0 < report["percent_of_peak"] == pytest.approx(
+        100 * report["gflops"] / report["peak_gflops"])
+    assert [s["op"] for s in report["trace"]] == ["split", "reorder", "vectorize"]
+    assert "vectorized(16)" in report["program"] and len(report["program_hash"]) == 16
+    assert report["machine"]["versions"]["llvm"] and report["backend"]["opt_level"] == 3
+    assert "for C.i in range" in proc.stderr  # the program goes to stderr with --json
+
+
+def test_run_no_print_keeps_only_the_figures():
+    proc = eqsched_cmd("run", "softmax", "--size", "4,40", "--repeats", "1", "--no-print")
+    assert proc.returncode == 0, proc.stderr
+    assert "for " not in proc.stdout and "correct: True" in proc.stdout
+
+
+def test_unknown_workload_is_a_one_line_error():
+    assert_one_line_error(eqsched_cmd("run", "no_such_workload"), "unknown workload")
+
+
+@pytest.mark.parametrize("size,fragment", [
+    ("64,64", "takes 3 sizes"),
+    ("64,x,64", "bad --size '64,x,64'"),
+    ("64,0,64", "N must be positive"),
+])
+def test_bad_sizes_are_one_line_errors(size, fragment):
+    assert_one_line_error(eqsched_cmd("run", "matmul", "--size", size), fragment)
+
+
+def test_a_split_that_does_not_divide_is_a_one_line_error(tmp_path):
+    path = tmp_path / "bad-split.json"
+    path.write_text(json.dumps({"version": 1, "workload": "matmul", "size": [30, 30, 30],
+                                "steps": [{"op": "split", "args": {"loop": "C.i",
+                                                                   "factors": [7, -1]}}]}))
+    assert_one_line_error(eqsched_cmd("run", "matmul", "--schedule", str(path)),
+                          "7 does not divide 30")
+
+
+def test_malformed_and_missing_traces_are_one_line_errors(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    assert_one_line_error(eqsched_cmd("run", "matmul", "--schedule", str(path)), "JSON")
+    assert_one_line_error(eqsched_cmd("run", "matmul", "--schedule", str(tmp_path / "none")),
+                          "cannot read")
+
+
+def test_a_trace_for_another_workload_is_refused(matmul_trace):
+    assert_one_line_error(eqsched_cmd("run", "softmax", "--schedule", str(matmul_trace)),
+                          "is for workload 'matmul'")
+
+
+def test_usage_mistakes_are_one_line_errors_too():
+    assert_one_line_error(eqsched_cmd("run"), "required: workload")
+    assert_one_line_error(eqsched_cmd("run", "matmul", "--repeats", "0"), "--repeats")
+
+
+def test_machine_reports_the_measured_peak():
+    facts = json.loads(eqsched_cmd("machine", "--json").stdout)
+    assert facts["peak_gflops_per_core"] > 0 and facts["cores"] >= 1
