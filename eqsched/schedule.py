@@ -88,6 +88,8 @@ class Schedule:
     def split(self, loop: str, factors: list[int]) -> list[str]:
         """Split `loop` into nested pieces `loop.0` (outermost) ... with the given extents."""
         lp = self._loop(loop)
+        if lp.kind != LoopKind.SERIAL:
+            raise ScheduleError(f"split of {loop}: it is {lp.kind.value}; split before annotating")
         sizes = _resolve_factors(loop, lp.extent, list(factors))
         names = [f"{loop}.{n}" for n in range(len(sizes))]
         strides = [math.prod(sizes[n + 1:]) for n in range(len(sizes))]
@@ -106,8 +108,8 @@ class Schedule:
 
     def reorder(self, *loops: str) -> None:
         """Put `loops`, which lie on one chain of single-child nested loops, into this order."""
-        if len(set(loops)) != len(loops):
-            raise ScheduleError(f"reorder {list(loops)}: a loop is named twice")
+        if len(loops) < 2 or len(set(loops)) != len(loops):
+            raise ScheduleError(f"reorder {list(loops)}: needs two or more distinct loops")
         for name in loops:
             self._loop(name)
         prog = self._program
@@ -116,7 +118,7 @@ class Schedule:
             if outer not in [lp.name for lp in prog.enclosing(inner)]:
                 raise ScheduleError(f"reorder: {inner} is not nested in {outer}")
         around = prog.enclosing(by_depth[-1])
-        top = [lp.name for lp in around].index(by_depth[0]) if len(loops) > 1 else len(around)
+        top = [lp.name for lp in around].index(by_depth[0])
         chain = around[top:] + [prog.loop(by_depth[-1])]
         for lp in chain[:-1]:
             if len(lp.body) != 1:

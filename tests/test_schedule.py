@@ -60,6 +60,10 @@ def test_split_rejects_a_factor_that_does_not_divide_the_extent():
         sch.split("C.i", [-1, -1])
     with pytest.raises(ScheduleError, match="no loop named 'C.x'"):
         sch.split("C.x", [2, 50])
+    sch.unroll("C.k")
+    with pytest.raises(ScheduleError, match="split of C.k: it is unrolled"):
+        sch.split("C.k", [2, 4])
+    assert len(sch.trace) == 1
     assert sch.trace == []
 
 
@@ -80,6 +84,8 @@ def test_reorder_keeps_unnamed_chain_loops_in_place():
 
 def test_reorder_rejects_loops_off_one_chain():
     _, sch = build("matmul", 16, 24, 8)
+    with pytest.raises(ScheduleError, match="needs two or more distinct loops"):
+        sch.reorder("C.i", "C.i")
     with pytest.raises(ScheduleError, match="C.init.i is not nested in C.i"):
         sch.reorder("C.i", "C.init.i")
     sch.fuse("C.init", at="C.i")
@@ -121,6 +127,21 @@ def test_fuse_consumer_after_the_producer_at_a_spatial_tile():
     assert prog.loop("C.j.0").body[-1].name == "D.j.1"  # a consumer goes last
     assert binding_text(prog, "D") == {"i": "C.i", "j": "C.j.0 * 4 + D.j.1"}
     assert_computes(prog, comp)
+
+
+def test_fuse_consumer_after_a_register_tiled_producer():
+    comp, sch = build("mm_exp_mm", 16, 8, 32, 12)
+    sch.split("C.i", [2, 8])
+    sch.split("C.j", [2, 16])
+    sch.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
+    sch.fuse("C.init", at="C.j.0")
+    sch.cache_write("C.update", at="C.j.0")
+    sch.fuse("D", at="C.j.0")  # reads what C.write copied out in the same iteration
+    for loop in ("C.j.1", "C.init.j.1", "C.write.j.1", "D.j.1"):
+        sch.vectorize(loop)
+    sch.parallel("C.i.0")
+    assert [lp.name for lp in sch.program.enclosing("D")] == ["C.i.0", "C.j.0", "D.i.1", "D.j.1"]
+    assert_computes(sch.program, comp)
 
 
 def test_fuse_consumer_inside_the_producers_reduction_is_rejected():
