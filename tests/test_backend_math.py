@@ -1,5 +1,6 @@
 """The backend's own exp/log/tanh (and llvm.sqrt), scalar and vector, against float64 numpy."""
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -68,3 +69,9 @@ def test_math_function_is_within_ulps_of_numpy_scalar_and_vector(fn):
         kind = prog.loops()[-1].kind.value
         assert err[worst] <= MAX_ULP[fn], f"{fn} ({kind}) at x={x[worst]!r}: {y[worst]!r}"
         assert np.array_equal(np.isnan(y), np.isnan(exact)), f"{fn} ({kind}) NaN mismatch"
+
+
+@pytest.mark.parametrize("fn", sorted(INPUTS))
+def test_math_functions_are_inline_code_not_libm_calls(fn):
+    for prog in unary_programs(fn, 64):
+        assert not re.search(r"\bcall", compile_program(prog).asm())
