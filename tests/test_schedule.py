@@ -63,8 +63,7 @@ def test_split_rejects_a_factor_that_does_not_divide_the_extent():
     sch.unroll("C.k")
     with pytest.raises(ScheduleError, match="split of C.k: it is unrolled"):
         sch.split("C.k", [2, 4])
-    assert len(sch.trace) == 1
-    assert sch.trace == []
+    assert [s["op"] for s in sch.trace] == ["unroll"]  # rejected steps leave no trace
 
 
 def test_reorder_permutes_a_chain_of_loops():
