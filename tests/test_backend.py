@@ -123,6 +123,7 @@ def test_binary_operators_scalar_and_vector(op):
 ])
 def test_neg_abs_relu_scalar_and_vector(fn, ref):
     x = rand(32)
+    x[5] = np.nan  # max/min propagate NaN, as numpy's do
     for prog in (naive_program(unary(32, fn)), vectorized_unary(32, fn)):
         out = np.empty(32, np.float32)
         run(prog, x, out)
@@ -134,6 +135,7 @@ def test_max_reduction_matches_numpy():
     k = te.reduce_axis(9, "k")
     m = te.compute((6,), lambda i: te.max_(x[i, k], axis=k), "M")
     data = rand(6, 9)
+    data[2, 4] = np.nan
     out = np.empty(6, np.float32)
     run(naive_program(te.Computation("rowmax", [m])), data, out)
     np.testing.assert_array_equal(out, data.max(axis=1))

@@ -203,7 +203,7 @@ class _FunctionEmitter:
         v = self._widen(self._value(e, None), acc.type)
         if op == "sum":
             return b.fadd(acc, v)
-        return b.select(b.fcmp_ordered(">", acc, v), acc, v)
+        return MathEmitter(b, acc.type).call("maximum", acc, v)
 
     # ---- memory -----------------------------------------------------------------------------
 
@@ -241,7 +241,8 @@ class _FunctionEmitter:
             if e.op == "/":
                 return b.fdiv(x, y)
             if e.op in ("max", "min"):
-                return b.select(b.fcmp_ordered(">" if e.op == "max" else "<", x, y), x, y)
+                # llvm.maximum/minimum propagate NaN, as numpy's maximum/minimum do.
+                return MathEmitter(b, x.type).call("maximum" if e.op == "max" else "minimum", x, y)
             raise BackendError(f"unknown float operator {e.op!r}")
         if isinstance(e, Call):
             return self._call(e.fn, self._value(e.args[0], mask))
