@@ -195,8 +195,8 @@ class Schedule:
                 f"inline {block}: {buf.name} is a reduction (or has several writers)"
             )
         if buf.scope != Scope.GLOBAL:
-            raise ScheduleError(f"inline {block}: {buf.name} is a {buf.scope.value} buffer, "
-                                "only intermediates can be inlined")
+            raise ScheduleError(f"inline {block}: only intermediates can be inlined, "
+                                f"{buf.name} is {buf.scope.value}")
         axes = [ix.name for ix in blk.indices if isinstance(ix, Var)]
         if len(axes) != len(blk.indices) or sorted(axes) != sorted(a.name for a in blk.axes):
             raise ScheduleError(f"inline {block}: its store {buf.name}"
