@@ -547,3 +547,6 @@ def _validated_steps(steps: list) -> list[dict]:
         if not isinstance(args, dict) or set(args) != set(PRIMITIVES[op]):
             raise ScheduleError(f"step {n} ({op}): args must be exactly {list(PRIMITIVES[op])}")
     return list(steps)
+
+
+__all__ = ["PRIMITIVES", "Schedule", "ScheduleError", "load_trace", "save_trace"]
