@@ -184,7 +184,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     m = measure(program, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
                 seed=args.seed)
     if m.error is not None:
-        raise CliError(f"measuring {wl.name} failed: {m.error}")
+        hint = " (raise --timeout or lower --repeats)" if m.error.startswith("timed out") else ""
+        raise CliError(f"measuring {wl.name} failed: {m.error}{hint}")
     report = _report(wl, size, program, steps, m)
     if args.json:
         print(json.dumps(report))

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,14 @@ def test_usage_mistakes_are_one_line_errors_too():
 def test_machine_reports_the_measured_peak():
     facts = json.loads(eqsched_cmd("machine", "--json").stdout)
     assert facts["peak_gflops_per_core"] > 0 and facts["cores"] >= 1
+
+
+def test_every_package_of_the_checkout_is_installed_by_pyproject():
+    """pyproject lists packages by hand (rules/ and extract/ are mapped into eqsched): a new
+    subpackage missing from the list would be absent from the installed copy CI tests."""
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(p.parent.relative_to(root).parts)
+             for p in (root / "eqsched").rglob("__init__.py")}
+    assert found | {"eqsched.rules", "eqsched.extract"} == listed
