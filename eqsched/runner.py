@@ -10,6 +10,7 @@ becomes a `Measurement` with an `error` and the caller goes on; the next call st
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import statistics
@@ -238,8 +239,9 @@ def measure(
     return result
 
 
+@atexit.register
 def shutdown() -> None:
-    """Stop the worker process (it is also stopped when this process exits)."""
+    """Stop the worker process; runs at exit too, so no worker outlives its caller."""
     global _worker
     with _worker_lock:
         if _worker is not None:
