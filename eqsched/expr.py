@@ -9,8 +9,9 @@ Two value types exist: `int` (index arithmetic over axis variables) and `float32
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Union
 
 ExprLike = Union["Expr", int, float]
 
@@ -267,7 +268,8 @@ def rebuild(e: Expr, kids: tuple[Expr, ...]) -> Expr:
 
 
 def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Bottom-up rewrite: `fn` returns a replacement for a node (children already rewritten) or None."""
+    """Bottom-up rewrite: `fn` returns a replacement for a node (its children already
+    rewritten) or None to keep it."""
     kids = children(e)
     if kids:
         new_kids = tuple(transform(k, fn) for k in kids)

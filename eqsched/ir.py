@@ -16,22 +16,22 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from enum import Enum
-from typing import Callable, Iterator, Union
+from enum import StrEnum
 
 from .expr import Const, Expr, Load, Var
 from .te import Axis, Computation
 
 
-class LoopKind(str, Enum):
+class LoopKind(StrEnum):
     SERIAL = "serial"
     PARALLEL = "parallel"
     VECTORIZED = "vectorized"
     UNROLLED = "unrolled"
 
 
-class Scope(str, Enum):
+class Scope(StrEnum):
     INPUT = "input"  # passed in by the caller, read only
     OUTPUT = "output"  # passed in by the caller, written
     GLOBAL = "global"  # intermediate, allocated by the runtime for one call
@@ -120,7 +120,7 @@ class Loop:
     name: str
     extent: int
     kind: LoopKind
-    body: tuple["Node", ...]
+    body: tuple[Node, ...]
 
     @property
     def lanes(self) -> int:
@@ -132,10 +132,10 @@ class Alloc:
     """The scope of a local buffer: it exists (uninitialized) for each execution of `body`."""
 
     buffer: str
-    body: tuple["Node", ...]
+    body: tuple[Node, ...]
 
 
-Node = Union[Loop, Block, Alloc]
+Node = Loop | Block | Alloc
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,8 @@ class Program:
                 return [p for p in path if isinstance(p, Loop)]
         raise KeyError(name)
 
-    def with_body(self, body: tuple[Node, ...], buffers: tuple[Buffer, ...] | None = None) -> Program:
+    def with_body(self, body: tuple[Node, ...],
+                  buffers: tuple[Buffer, ...] | None = None) -> Program:
         return replace(self, body=body, buffers=self.buffers if buffers is None else buffers)
 
     def text(self) -> str:
@@ -207,7 +208,8 @@ class Program:
         return self.text()
 
 
-def walk(nodes: tuple[Node, ...], path: tuple[Node, ...] = ()) -> Iterator[tuple[Node, tuple[Node, ...]]]:
+def walk(nodes: tuple[Node, ...],
+         path: tuple[Node, ...] = ()) -> Iterator[tuple[Node, tuple[Node, ...]]]:
     """Pre-order walk yielding each node with the Loops/Allocs around it (outermost first)."""
     for n in nodes:
         yield n, path
@@ -215,7 +217,8 @@ def walk(nodes: tuple[Node, ...], path: tuple[Node, ...] = ()) -> Iterator[tuple
             yield from walk(n.body, path + (n,))
 
 
-def map_nodes(nodes: tuple[Node, ...], fn: Callable[[Node], Node | tuple[Node, ...] | None]) -> tuple[Node, ...]:
+def map_nodes(nodes: tuple[Node, ...],
+              fn: Callable[[Node], Node | tuple[Node, ...] | None]) -> tuple[Node, ...]:
     """Bottom-up rebuild: `fn` sees each node (children already mapped) and returns a replacement
     node, a tuple of nodes to splice in its place (possibly empty), or None to keep it."""
     out: list[Node] = []

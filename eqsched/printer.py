@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from .expr import to_str
-from .ir import Alloc, Block, Binding, Loop, LoopKind, Node, Program
+from .ir import Alloc, Binding, Block, Loop, LoopKind, Node, Program
 
 _KIND = {
     LoopKind.SERIAL: "range",

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from .expr import Const, Expr, ExprLike, Load, Var, as_expr, count_flops, free_vars, loads, to_str
 
@@ -132,7 +132,7 @@ class Tensor:
     name: str
     shape: tuple[int, ...]
     stage: Stage | None = None
-    deps: tuple["Tensor", ...] = ()
+    deps: tuple[Tensor, ...] = ()
 
     def __getitem__(self, idx) -> Load:
         idx = idx if isinstance(idx, tuple) else (idx,)
@@ -180,7 +180,8 @@ def compute(
         params = list(inspect.signature(fcompute).parameters)
         if len(params) != len(shape):
             raise WorkloadError(
-                f"compute {name}: the lambda takes {len(params)} axes but the shape has {len(shape)}"
+                f"compute {name}: the lambda takes {len(params)} axes "
+                f"but the shape has {len(shape)}"
             )
         axis_names = params
     spatial = tuple(Axis(n, e, "spatial") for n, e in zip(axis_names, shape))

@@ -3,7 +3,18 @@
 import pytest
 
 from eqsched.expr import (
-    BinOp, Call, Const, Load, Var, count_flops, exp, free_vars, relu, select, substitute, to_str,
+    BinOp,
+    Call,
+    Const,
+    Load,
+    Var,
+    count_flops,
+    exp,
+    free_vars,
+    relu,
+    select,
+    substitute,
+    to_str,
 )
 
 
