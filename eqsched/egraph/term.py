@@ -1,0 +1,129 @@
+"""The structure of a scheduled program, with tile sizes kept apart (DESIGN: sizes symbolic).
+
+A `Term` is what the e-graph stores: which loops nest in which order, over which pieces of which
+dimension groups, with which kinds, around which blocks. It carries no extents. Extents are
+`Sizes`: one integer per piece symbol `(group, path)`. A (Term, Sizes) pair is one concrete
+program; `eqsched.egraph.encode` converts between that pair and an `ir.Program`.
+
+Pieces. A *dimension group* joins the axes of different stages that must iterate together to be
+fused (C.i, D.i and F.i in C=A@B; D=exp(C); F=D@E), named by its first member ("C.i"). A piece
+path names a part of the group's extent by the splits that made it: "" is the whole extent;
+"0/4".."3/4" are the pieces of a 4-way split (outer to inner); "1/4.0/2" is piece 0 of a 2-way
+split of "1/4". Sibling pieces multiply to their parent's extent.
+
+    Stmt  = Loop(group, path, kind, body) | BlockRef(name) | Cached(stage, body)
+    Root  = the program's top-level statements, plus program-level facts: inlined stages and
+            packed operands (PackRef), which have no place in the loop tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+KINDS = ("serial", "vector", "unroll", "parallel")
+
+
+@dataclass(frozen=True)
+class Loop:
+    group: str
+    path: str
+    kind: str
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    name: str
+
+
+@dataclass(frozen=True)
+class Cached:
+    """`cache_write` at the enclosing loop: `stage`'s blocks in `body` accumulate in a local tile."""
+
+    stage: str
+    body: tuple[Stmt, ...]
+
+
+Stmt = Union[Loop, BlockRef, Cached]
+
+
+@dataclass(frozen=True)
+class PackRef:
+    """`pack(block, buffer, dim, factor)` with the factor the size symbol ("pack:" + buffer, "")."""
+
+    block: str
+    buffer: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class Term:
+    body: tuple[Stmt, ...]
+    inlined: tuple[str, ...] = ()  # stages inlined into their readers, in the order applied
+    packs: tuple[PackRef, ...] = ()
+
+
+Symbol = tuple[str, str]  # (group, path); a pack factor is ("pack:" + buffer, "")
+Sizes = dict[Symbol, int]
+
+
+def pack_symbol(buffer: str) -> Symbol:
+    return ("pack:" + buffer, "")
+
+
+def split_path(parent: str, index: int, ways: int) -> str:
+    step = f"{index}/{ways}"
+    return step if parent == "" else f"{parent}.{step}"
+
+
+def parent_path(path: str) -> tuple[str, int, int]:
+    """("1/4.0/2") -> ("1/4", 0, 2); the parent of a top-level piece is ""."""
+    head, _, last = path.rpartition(".")
+    index, ways = last.split("/")
+    return head, int(index), int(ways)
+
+
+def walk(stmts: tuple[Stmt, ...], outer: tuple[Loop, ...] = ()):
+    """Pre-order (stmt, enclosing loops) pairs."""
+    for s in stmts:
+        yield s, outer
+        if isinstance(s, Loop):
+            yield from walk(s.body, outer + (s,))
+        elif isinstance(s, Cached):
+            yield from walk(s.body, outer)
+
+
+def symbols(term: Term) -> set[Symbol]:
+    out = {(s.group, s.path) for s, _ in walk(term.body) if isinstance(s, Loop)}
+    return out | {pack_symbol(p.buffer) for p in term.packs}
+
+
+def show(term: Term) -> str:
+    """A compact one-line form for messages and tests: `C.i[0/4]{C.j[]{C.update}}`."""
+
+    def stmt(s: Stmt) -> str:
+        if isinstance(s, BlockRef):
+            return s.name
+        if isinstance(s, Cached):
+            return f"cached:{s.stage}{{{' ; '.join(stmt(x) for x in s.body)}}}"
+        k = "" if s.kind == "serial" else f"@{s.kind}"
+        return f"{s.group}[{s.path}]{k}{{{' ; '.join(stmt(x) for x in s.body)}}}"
+
+    extra = [f"inline:{x}" for x in term.inlined]
+    extra += [f"pack:{p.block}:{p.buffer}:{p.dim}" for p in term.packs]
+    return " ; ".join([stmt(s) for s in term.body] + extra)
+
+
+# Size constraints that a loop kind puts on its piece's extent (legal for the backend at any
+# extent, but the space only holds the useful ones: whole vectors, short unrolls).
+VECTOR_LANES = (8, 16, 32, 64)
+MAX_UNROLL_EXTENT = 16
+
+
+def extent_allowed(kind: str, extent: int) -> bool:
+    if kind == "vector":
+        return extent in VECTOR_LANES
+    if kind == "unroll":
+        return extent <= MAX_UNROLL_EXTENT
+    return True
