@@ -20,7 +20,7 @@ class Facts:
     extents: dict[str, int]  # group -> extent
     blocks: dict[str, Block]  # naive blocks by name, program order
     stage_of: dict[str, str]  # block -> stage
-    reduce_groups: dict[str, set[str]] = field(default_factory=dict)  # block -> groups of reduce axes
+    reduce_groups: dict[str, set[str]] = field(default_factory=dict)  # block -> its reduce groups
     store_inner_group: dict[str, str | None] = field(default_factory=dict)  # unit-stride store dim
     elementwise: set[tuple[str, str, str]] = field(default_factory=set)  # (writer, reader, group)
 

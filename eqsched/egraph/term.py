@@ -19,7 +19,6 @@ split of "1/4". Sibling pieces multiply to their parent's extent.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 KINDS = ("serial", "vector", "unroll", "parallel")
 
@@ -39,13 +38,14 @@ class BlockRef:
 
 @dataclass(frozen=True)
 class Cached:
-    """`cache_write` at the enclosing loop: `stage`'s blocks in `body` accumulate in a local tile."""
+    """`cache_write` at the enclosing loop: `stage`'s blocks in `body` accumulate in a local
+    tile."""
 
     stage: str
     body: tuple[Stmt, ...]
 
 
-Stmt = Union[Loop, BlockRef, Cached]
+Stmt = Loop | BlockRef | Cached
 
 
 @dataclass(frozen=True)

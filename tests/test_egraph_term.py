@@ -1,0 +1,56 @@
+"""Terms: structure apart from sizes, symbols, paths, and their egglog form."""
+
+import json
+
+from egglog import EGraph
+
+from eqsched.egraph.lang import SERIALIZED_OPS, root_expr
+from eqsched.egraph.term import (
+    BlockRef,
+    Cached,
+    Loop,
+    PackRef,
+    Term,
+    extent_allowed,
+    pack_symbol,
+    parent_path,
+    show,
+    split_path,
+    symbols,
+)
+
+TILED = Term(
+    (Loop("C.i", "0/2", "serial", (
+        Loop("C.i", "1/2", "unroll", (
+            Cached("C", (Loop("C.j", "", "vector", (BlockRef("C.update"),)),)),)),)),),
+    inlined=("D",),
+    packs=(PackRef("C.update", "B", 1),),
+)
+
+
+def test_paths_name_pieces_by_the_splits_that_made_them():
+    assert split_path("", 1, 4) == "1/4"
+    assert split_path("1/4", 0, 2) == "1/4.0/2"
+    assert parent_path("1/4.0/2") == ("1/4", 0, 2)
+    assert parent_path("3/4") == ("", 3, 4)
+
+
+def test_symbols_and_compact_text():
+    assert symbols(TILED) == {("C.i", "0/2"), ("C.i", "1/2"), ("C.j", ""), pack_symbol("B")}
+    assert show(TILED) == ("C.i[0/2]{C.i[1/2]@unroll{cached:C{C.j[]@vector{C.update}}}}"
+                           " ; inline:D ; pack:C.update:B:1")
+
+
+def test_kinds_constrain_extents():
+    assert extent_allowed("vector", 16) and not extent_allowed("vector", 12)
+    assert extent_allowed("unroll", 16) and not extent_allowed("unroll", 17)
+    assert extent_allowed("serial", 1000)
+
+
+def test_egglog_form_uses_only_known_operators():
+    eg = EGraph()
+    eg.register(root_expr(TILED))
+    nodes = json.loads(eg._serialize().to_json())["nodes"].values()
+    ops = {n["op"] for n in nodes if not n["op"].startswith('"') and not n["op"].isdigit()}
+    assert ops <= set(SERIALIZED_OPS)
+    assert {"Root.packed", "Root.inlined", "cached", "loop", "block"} <= ops
