@@ -1,0 +1,213 @@
+"""(Term, Sizes) -> a trace of manual primitives that turns the naive program into that program.
+
+The recipe is canonical (one trace per term), in this order:
+
+1. `inline` each stage of `term.inlined`, in order.
+2. Per top-level statement of the term, in order, build its nest:
+   - the *host* is the block under it with the most axes (the first such in term order); its naive
+     nest is `split` into the pieces its loops name (sizes from `Sizes`; "1/4.0/2" is a split of
+     piece `.1`) and `reorder`ed into the term's order;
+   - every other block B under it is `fuse`d at the deepest loop of B's term chain that already
+     exists, in the first order that works: B must read or write a block already there, and the
+     manual fuse puts a producer at the start of that loop's body and a consumer at its end, so B's
+     statement must sit right before (after) the statements already built. B's remaining loops,
+     which fuse mirrors from the blocks there, are then split further and reordered like the host's.
+   A loop's name is therefore `<naive loop of its owner's axis><piece suffix>` (`C.init.j.2`).
+3. `vectorize` / `unroll` / `parallel` each annotated loop, in term pre-order. Annotations come
+   before cache_write, because cache_write gives its copy loops the kinds of the tile loops.
+4. `cache_write(<stage's update block>, at=<the loop whose only child is the Cached>)`.
+5. `pack` each PackRef last: the copy nest lands right before the nest that holds the reader.
+
+The result is checked by encoding it again: a term the manual API cannot state (a root order other
+than the hosts' program order, a fused block in the middle of a loop body, a Cached that is not the
+only child of a loop, ...) raises DeriveError naming the part, never a different program.
+"""
+
+from __future__ import annotations
+
+from ..ir import Program
+from ..legality import ScheduleError
+from ..schedule import Schedule
+from .encode import encode
+from .facts import facts_of
+from .term import BlockRef, Cached, Loop, Sizes, Stmt, Term, pack_symbol, show, split_path, walk
+
+ANNOTATE = {"vector": "vectorize", "unroll": "unroll", "parallel": "parallel"}
+
+
+class DeriveError(ValueError):
+    """The manual primitives cannot build the term's program; the message names the term part."""
+
+
+def derive(term: Term, sizes: Sizes, naive: Program) -> list[dict]:
+    """The manual trace (list of {"op", "args"}) that builds the term's program from `naive`."""
+    return _Derivation(term, sizes, naive).run().trace
+
+
+def realize(term: Term, sizes: Sizes, naive: Program) -> Program:
+    """The term's concrete program: `Schedule.replay(naive, derive(term, sizes, naive)).program`."""
+    return _Derivation(term, sizes, naive).run().program
+
+
+def path_suffix(path: str) -> str:
+    """Piece path -> loop name suffix: "1/4.0/2" -> ".1.0"."""
+    return "".join("." + step.split("/")[0] for step in path.split(".")) if path else ""
+
+
+def _ancestors(path: str) -> list[str]:
+    """"1/4.0/2" -> ["", "1/4", "1/4.0/2"]."""
+    steps = path.split(".") if path else []
+    return [""] + [".".join(steps[: n + 1]) for n in range(len(steps))]
+
+
+def _blocks_in(stmt: Stmt) -> list[str]:
+    return [s.name for s, _ in walk((stmt,)) if isinstance(s, BlockRef)]
+
+
+def _children(stmts: tuple[Stmt, ...]) -> list[Stmt]:
+    """A loop body as fuse sees it: a Cached (made last) is transparent."""
+    out: list[Stmt] = []
+    for s in stmts:
+        out += _children(s.body) if isinstance(s, Cached) else [s]
+    return out
+
+
+class _Derivation:
+    def __init__(self, term: Term, sizes: Sizes, naive: Program):
+        self.term, self.sizes, self.naive = term, sizes, naive
+        self.facts = facts_of(naive)
+        self.sch = Schedule(naive)
+        self.names: dict[int, str] = {}  # id(term Loop) -> program loop name
+        self.chains = {s.name: outer for s, outer in walk(term.body) if isinstance(s, BlockRef)}
+        self.naive_loop = {(blk.name, b.axis): b.terms[0][0]
+                           for blk in naive.blocks() for b in blk.bindings}
+
+    def run(self) -> Schedule:
+        for stage in self.term.inlined:
+            self._step(f"inline:{stage}", self.sch.inline, stage)
+        wanted = set(self.chains)
+        have = {b.name for b in self.sch.program.blocks()}
+        if wanted != have:
+            raise DeriveError(f"term blocks {sorted(wanted)} are not the program's blocks "
+                              f"{sorted(have)} after inlining {list(self.term.inlined)}")
+        for stmt in self.term.body:
+            self._build_root(stmt)
+        for s, _ in walk(self.term.body):
+            if isinstance(s, Loop) and s.kind != "serial":
+                op = ANNOTATE[s.kind]
+                self._step(f"{show(Term((s,)))}", getattr(self.sch, op), self.names[id(s)])
+        for s, outer in walk(self.term.body):
+            if isinstance(s, Cached):
+                self._cache_write(s, outer)
+        for p in self.term.packs:
+            factor = self._size(pack_symbol(p.buffer))
+            self._step(f"pack:{p.block}:{p.buffer}:{p.dim}", self.sch.pack, p.block, p.buffer,
+                       p.dim, factor)
+        self._check()
+        return self.sch
+
+    # ---- nests --------------------------------------------------------------------------------
+
+    def _build_root(self, root: Stmt) -> None:
+        blocks = _blocks_in(root)
+        host = max(blocks, key=lambda b: (len(self.facts.blocks[b].axes), -blocks.index(b)))
+        self._shape(host, self.chains[host])
+        placed = {host}
+        pending = [b for b in blocks if b != host]
+        while pending:
+            for name in pending:
+                if self._try_fuse(name, placed):
+                    placed.add(name)
+                    pending.remove(name)
+                    break
+            else:
+                raise DeriveError(f"cannot fuse {pending} into the nest of {host} in the order "
+                                  f"of {show(Term((root,)))}: the manual fuse puts a producer "
+                                  "first and a consumer last in the loop it fuses at")
+
+    def _try_fuse(self, name: str, placed: set[str]) -> bool:
+        chain = self.chains[name]
+        depth = max((n for n, lp in enumerate(chain) if id(lp) in self.names), default=None)
+        if depth is None:
+            return False
+        at = chain[depth]
+        children = _children(at.body)
+        present = [n for n, c in enumerate(children) if placed & set(_blocks_in(c))]
+        mine = next(n for n, c in enumerate(children) if name in _blocks_in(c))
+        at_name = self.names[id(at)]
+        prog = self.sch.program
+        under = [b for b in prog.blocks() if at_name in {lp.name for lp in prog.enclosing(b.name)}]
+        buffer = prog.block(name).buffer
+        produces = any(buffer in {ld.buffer for ld in b.reads()} for b in under)
+        if mine != (present[0] - 1 if produces else present[-1] + 1):
+            return False
+        try:
+            self.sch.fuse(name, at_name)
+        except ScheduleError:
+            return False
+        self._shape(name, chain[depth + 1:])
+        return True
+
+    def _shape(self, block: str, own: tuple[Loop, ...]) -> None:
+        """Split the block's loops into the pieces `own` names and put them in `own`'s order."""
+        targets = []
+        for lp in own:
+            axis = self.facts.axis_of(block, lp.group)
+            if axis is None:
+                raise DeriveError(f"loop {lp.group}[{lp.path}] around {block}: {block} has no "
+                                  f"axis in dimension {lp.group}")
+            base = self.naive_loop[(block, axis)]
+            self._split_down_to(base, lp.group, lp.path)
+            self.names[id(lp)] = base + path_suffix(lp.path)
+            targets.append(self.names[id(lp)])
+        current = [lp.name for lp in self.sch.program.enclosing(block) if lp.name in targets]
+        if current != targets:
+            self._step(f"loops of {block}", self.sch.reorder, *targets)
+
+    def _split_down_to(self, base: str, group: str, path: str) -> None:
+        existing = {lp.name for lp in self.sch.program.loops()}
+        steps = _ancestors(path)
+        have = max((n for n, p in enumerate(steps) if base + path_suffix(p) in existing),
+                   default=None)
+        if have is None:
+            raise DeriveError(f"piece {group}[{path}]: no loop {base}* to split it from")
+        for parent in steps[have:-1]:
+            _, ways = steps[steps.index(parent) + 1].rpartition(".")[2].split("/")
+            factors = [self._size((group, split_path(parent, n, int(ways))))
+                       for n in range(int(ways))]
+            self._step(f"{group}[{parent}]", self.sch.split, base + path_suffix(parent), factors)
+
+    # ---- annotations ----------------------------------------------------------------------
+
+    def _cache_write(self, cached: Cached, outer: tuple[Loop, ...]) -> None:
+        where = f"cached:{cached.stage}"
+        if not outer or outer[-1].body != (cached,):
+            raise DeriveError(f"{where}: cache_write needs a loop whose only child is the tile")
+        stage_blocks = [b for b in self.facts.blocks.values() if b.stage == cached.stage]
+        update = next((b.name for b in stage_blocks if b.reduce), stage_blocks[0].name)
+        self._step(where, self.sch.cache_write, update, self.names[id(outer[-1])])
+
+    # ---- bookkeeping ----------------------------------------------------------------------
+
+    def _size(self, symbol: tuple[str, str]) -> int:
+        try:
+            return self.sizes[symbol]
+        except KeyError:
+            raise DeriveError(f"no size for piece {symbol}") from None
+
+    def _step(self, part: str, primitive, *args) -> None:
+        try:
+            primitive(*args)
+        except ScheduleError as e:
+            raise DeriveError(f"{part}: {e}") from None
+
+    def _check(self) -> None:
+        got, got_sizes = encode(self.sch.program, self.facts)
+        if got != self.term:
+            raise DeriveError(f"the manual API builds {show(got)}, not {show(self.term)}")
+        wrong = {k: v for k, v in got_sizes.items() if self.sizes.get(k, v) != v}
+        if wrong:
+            raise DeriveError(f"the built program has sizes {wrong}, not the term's")
+
+
+__all__ = ["DeriveError", "derive", "path_suffix", "realize"]
