@@ -1,0 +1,310 @@
+"""The space object on small hand-built e-graphs: exact counts (checked against brute force),
+uniform and deterministic sampling, membership, size constraints, cycles, export."""
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from itertools import product
+
+import pytest
+from egglog import EGraph, union
+
+from eqsched.egraph.dot import write_dot
+from eqsched.egraph.facts import Facts, facts_of
+from eqsched.egraph.lang import SERIALIZED_OPS, Root, root_expr, stmt_expr
+from eqsched.egraph.space import Space, SpaceError
+from eqsched.egraph.term import (
+    BlockRef,
+    Cached,
+    Loop,
+    PackRef,
+    Term,
+    extent_allowed,
+    pack_symbol,
+    parent_path,
+    symbols,
+    walk,
+)
+from eqsched.ir import Program, naive_program
+from eqsched.workloads import get_workload
+
+NAIVE = naive_program(get_workload("matmul").build(4, 16, 2))  # C.i 4, C.j 16, C.k 2
+
+
+def L(group, path, *body, kind="serial"):  # noqa: N802 - reads like the term it builds
+    return Loop(group, path, kind, tuple(body))
+
+
+INIT, UPDATE = BlockRef("C.init"), BlockRef("C.update")
+INIT_NEST = L("C.i", "", L("C.j", "", INIT))
+UPDATE_NEST = L("C.i", "", L("C.j", "", L("C.k", "", UPDATE)))
+NAIVE_TERM = Term((INIT_NEST, UPDATE_NEST))
+
+
+@dataclass
+class HandSaturation:
+    """What Space reads from a saturation, for an e-graph built by hand with unions."""
+
+    naive: Program
+    facts: Facts
+    data: dict
+    root_class: str
+
+    def serialized(self) -> dict:
+        return self.data
+
+
+def hand_space(root: Term, unions=(), naive: Program = NAIVE) -> Space:
+    """The space of an e-graph holding `root` with each pair of statements or roots unioned."""
+    eg = EGraph()
+    top = eg.let("top", root_expr(root))
+    for a, b in unions:
+        lhs, rhs = (root_expr(x) if isinstance(x, Term) else stmt_expr(x) for x in (a, b))
+        eg.register(union(top if a is root else lhs).with_(rhs))
+    eg.run(1)
+    data = json.loads(eg._serialize().to_json())
+    root_class = next(c for c, d in data["class_data"].items() if d.get("let") == "$top")
+    return Space(HandSaturation(naive, facts_of(naive), data, root_class))
+
+
+# The test space: the init nest reordered or not, its j loop split in two (inner piece serial or
+# vector), the update nest's k loop outermost or not, and a packed variant of the whole root.
+SPLIT_INIT_J = L("C.j", "0/2", L("C.j", "1/2", INIT))
+VECTOR_INIT_J = L("C.j", "0/2", L("C.j", "1/2", INIT, kind="vector"))
+K_OUTER = L("C.k", "", L("C.i", "", L("C.j", "", UPDATE)))
+PACKED = Term((INIT_NEST, K_OUTER), packs=(PackRef("C.update", "B", 1),))
+UNIONS = [
+    (L("C.j", "", INIT), SPLIT_INIT_J),
+    (L("C.j", "1/2", INIT), L("C.j", "1/2", INIT, kind="vector")),
+    (INIT_NEST, L("C.j", "", L("C.i", "", INIT))),
+    (NAIVE_TERM, PACKED),
+]
+
+
+@pytest.fixture(scope="module")
+def space() -> Space:
+    return hand_space(NAIVE_TERM, UNIONS)
+
+
+# ---- an independent brute force over the serialized e-graph --------------------------------
+
+
+def brute_force(sp: Space) -> set:
+    """Every (Term, Sizes) by trying all node choices and all divisor assignments."""
+    data = sp.saturation.serialized()
+    nodes, members = data["nodes"], {}
+    for nid, n in nodes.items():
+        members.setdefault(n["eclass"], []).append(n)
+
+    def leaf(cls):
+        (n,) = members[cls]
+        op = n["op"]
+        return json.loads(op) if op.startswith('"') else SERIALIZED_OPS.get(op) or int(op)
+
+    def choices(cls):
+        for n in members[cls]:
+            op, ch = SERIALIZED_OPS.get(n["op"]), [nodes[c]["eclass"] for c in n["children"]]
+            if op in ("nil", "rnil"):
+                yield () if op == "nil" else ((), (), ())
+            elif op == "block":
+                yield BlockRef(leaf(ch[0]))
+            elif op in ("cons", "rcons"):
+                for head, tail in product(choices(ch[0]), choices(ch[1])):
+                    if op == "cons":
+                        yield (head,) + tail
+                    elif not tail[0] and not tail[1]:  # statements come last in a root list
+                        yield tail[0], tail[1], (head,) + tail[2]
+            elif op == "loop":
+                for body in choices(ch[3]):
+                    yield Loop(leaf(ch[0]), leaf(ch[1]), leaf(ch[2]), body)
+            elif op == "cached":
+                for body in choices(ch[1]):
+                    yield Cached(leaf(ch[0]), body)
+            elif op == "packed":
+                for p, i, b in choices(ch[3]):
+                    yield (PackRef(leaf(ch[0]), leaf(ch[1]), leaf(ch[2])),) + p, i, b
+            elif op == "inlined":
+                for p, i, b in choices(ch[1]):
+                    if not p:
+                        yield p, (leaf(ch[0]),) + i, b
+
+    def valid(term, sizes):
+        for s, _ in walk(term.body):
+            if isinstance(s, Loop) and not extent_allowed(s.kind, sizes[(s.group, s.path)]):
+                return False
+        for group, extent in sp.facts.extents.items():
+            used = {p for g, p in sizes if g == group}
+            tree = set(used)
+            for p in used:
+                while p:
+                    p = parent_path(p)[0]
+                    tree.add(p)
+
+            def ext(p):
+                kids = [q for q in tree if q and parent_path(q)[0] == p]
+                whole = math.prod(ext(q) for q in kids) if kids else None
+                if p in used:
+                    return sizes[(group, p)] if whole in (None, sizes[(group, p)]) else -1
+                return whole
+
+            if used and ext("") != extent:
+                return False
+        return True
+
+    out = set()
+    for packs, inlined, body in choices(sp.root_class):
+        term = Term(body, inlined, packs)
+        syms = sorted(symbols(term))
+        options = []
+        for g, _ in syms:
+            if g.startswith("pack:"):
+                dim = next(p.dim for p in packs if pack_symbol(p.buffer)[0] == g)
+                n = sp.naive.buffer(g[5:]).shape[dim]
+                options.append([d for d in range(2, n + 1) if n % d == 0])
+            else:
+                n = sp.facts.extents[g]
+                options.append([d for d in range(1, n + 1) if n % d == 0])
+        for values in product(*options):
+            sizes = dict(zip(syms, values))
+            if valid(term, sizes):
+                out.add((term, tuple(sorted(sizes.items()))))
+    return out
+
+
+def as_set(programs) -> set:
+    return {(t, tuple(sorted(s.items()))) for t, s in programs}
+
+
+# ---- counting ------------------------------------------------------------------------------
+
+
+def test_count_matches_brute_force_enumeration(space):
+    brute = brute_force(space)
+    programs = space.enumerate()
+    assert space.count() == len(programs) == len(brute)
+    assert as_set(programs) == brute
+
+
+def test_counts_by_hand(space):
+    # The init nest: naive, reordered, j split with a serial inner piece (5 sizes: 1..16) or a
+    # vector one (8 or 16 lanes) = 4 structures, 9 programs. The packed root shares that nest
+    # and multiplies by 4 pack factors (2, 4, 8, 16 of B's 16 columns).
+    assert space.count() == 9 + 9 * 4
+    assert space.count_structures() == 4 + 4
+
+
+def test_a_piece_vectorized_anywhere_takes_the_vector_constraint():
+    both = Term((VECTOR_INIT_J, L("C.j", "0/2", L("C.j", "1/2", UPDATE))))
+    only_serial = Term((SPLIT_INIT_J, L("C.j", "0/2", L("C.j", "1/2", UPDATE))))
+    assert hand_space(both).count() == 2  # inner piece 8 or 16 lanes
+    assert hand_space(only_serial).count() == 5  # 1, 2, 4, 8, 16
+
+
+def test_a_missing_sibling_piece_is_refused():
+    with pytest.raises(SpaceError, match="not piece"):
+        hand_space(Term((L("C.j", "0/2", INIT),))).count()
+
+
+def test_a_cycle_is_refused_naming_its_classes():
+    eg = EGraph()
+    top = eg.let("top", root_expr(NAIVE_TERM))
+    eg.register(union(top).with_(Root.packed("C.update", "B", 1, top)))
+    eg.run(1)
+    data = json.loads(eg._serialize().to_json())
+    root_class = next(c for c, d in data["class_data"].items() if d.get("let") == "$top")
+    with pytest.raises(SpaceError, match="cycle.*" + root_class):
+        Space(HandSaturation(NAIVE, facts_of(NAIVE), data, root_class))
+
+
+def test_one_spelling_of_the_root_list():
+    # inlined(X, rcons(s, r)) and rcons(s, inlined(X, r)) would be the same Term: only the first
+    # (the one root_expr writes) is a program.
+    naive = naive_program(get_workload("mm_exp_mm").build(4, 8, 4, 8))
+    stmt = L("C.i", "", INIT)
+    canonical = Term((stmt,), inlined=("D",))
+    eg = EGraph()
+    top = eg.let("top", root_expr(canonical))
+    eg.register(union(top).with_(Root.rcons(stmt_expr(stmt), Root.inlined("D", Root.rnil()))))
+    eg.run(1)
+    data = json.loads(eg._serialize().to_json())
+    root_class = next(c for c, d in data["class_data"].items() if d.get("let") == "$top")
+    sp = Space(HandSaturation(naive, facts_of(naive), data, root_class))
+    assert [t for t, _ in sp.enumerate()] == [canonical]
+
+
+# ---- sampling and enumeration --------------------------------------------------------------
+
+
+def test_sampling_is_uniform_over_programs(space):
+    n, draws = space.count(), 4500
+    seen = Counter((t, tuple(sorted(s.items()))) for t, s in space.sample(draws, seed=7))
+    assert set(seen) == as_set(space.enumerate())
+    expected = draws / n
+    chi2 = sum((seen[p] - expected) ** 2 / expected for p in seen)
+    assert chi2 < 90  # 44 degrees of freedom: p ~ 1e-4; a structure-uniform one gives > 1000
+
+
+def test_sampling_and_order_depend_on_content_not_on_egglog_ids(space):
+    again = hand_space(NAIVE_TERM, list(reversed(UNIONS)))
+    assert again.sample(50, seed=3) == space.sample(50, seed=3)
+    assert again.enumerate() == space.enumerate()
+    assert space.sample(50, seed=3) != space.sample(50, seed=4)
+
+
+def test_program_indices_cover_the_space_once(space):
+    assert len(as_set(space.program(i) for i in range(space.count()))) == space.count()
+    with pytest.raises(SpaceError, match="outside"):
+        space.program(space.count())
+    with pytest.raises(SpaceError, match="more than the limit"):
+        space.enumerate(limit=3)
+
+
+# ---- membership ----------------------------------------------------------------------------
+
+
+def test_every_enumerated_program_is_a_member(space):
+    assert all(space.contains(t, s) for t, s in space.enumerate())
+
+
+def test_non_members(space):
+    sizes = {("C.i", ""): 4, ("C.j", "0/2"): 2, ("C.j", "1/2"): 8, ("C.j", ""): 16,
+             ("C.k", ""): 2}
+    vector_init = Term((L("C.i", "", VECTOR_INIT_J), UPDATE_NEST))
+    assert space.contains(vector_init, sizes)
+    assert not space.contains(vector_init, {**sizes, ("C.j", "0/2"): 4, ("C.j", "1/2"): 4})
+    assert not space.contains(vector_init, {**sizes, ("C.k", ""): 1})  # not the extent
+    assert not space.contains(vector_init, {k: v for k, v in sizes.items() if k[0] != "C.k"})
+    reordered_update = Term((INIT_NEST, L("C.j", "", L("C.i", "", L("C.k", "", UPDATE)))))
+    assert not space.contains(reordered_update, {("C.i", ""): 4, ("C.j", ""): 16,
+                                                 ("C.k", ""): 2})
+    packed_other = Term(NAIVE_TERM.body, packs=(PackRef("C.update", "B", 1),))
+    assert not space.contains(packed_other, {("C.i", ""): 4, ("C.j", ""): 16, ("C.k", ""): 2,
+                                             pack_symbol("B"): 4})
+    assert space.contains(PACKED, {("C.i", ""): 4, ("C.j", ""): 16, ("C.k", ""): 2,
+                                   pack_symbol("B"): 4})
+
+
+def test_membership_of_a_program(space):
+    assert space.contains_program(NAIVE)
+
+
+# ---- export --------------------------------------------------------------------------------
+
+
+def test_json_export_names_classes_by_content(space):
+    dag = space.to_json()
+    assert dag["programs"] == space.count() and dag["structures"] == space.count_structures()
+    assert dag["root"] == "c0" and dag["classes"]["c0"]["structures"] == 8
+    assert json.loads(json.dumps(dag)) == hand_space(NAIVE_TERM, UNIONS[::-1]).to_json()
+    ops = {n["op"] for c in dag["classes"].values() for n in c["nodes"]}
+    assert ops == {"packed", "rcons", "rnil", "loop", "cons", "nil", "block"}
+
+
+def test_graphviz_export(space, tmp_path):
+    text = space.to_dot()
+    assert text.startswith("digraph space {") and "cluster_c0" in text
+    assert '"loop C.j 1/2 vector"' in text
+    dot_file, svg_file = write_dot(text, tmp_path / "space.svg")
+    assert dot_file.read_text() == text
+    assert svg_file is None or svg_file.exists()
