@@ -211,7 +211,8 @@ def _check_bindings(site: Site) -> None:
                 raise ScheduleError(f"block {blk.name} binds loop {lp} to more than one axis")
             used.add(lp)
         expected = 1
-        for lp, stride in sorted(b.terms, key=lambda t: t[1]):
+        # An extent-1 piece shares its stride with the next outer piece: check it first.
+        for lp, stride in sorted(b.terms, key=lambda t: (t[1], extents[t[0]])):
             if stride != expected:
                 raise ScheduleError(
                     f"block {blk.name}: loop {lp} has stride {stride} in axis {b.axis}, "
