@@ -3,6 +3,7 @@
     eqsched workloads [--json]
     eqsched run matmul --size 512,512,512 --schedule examples/schedules/matmul-512.json
     eqsched machine [--json]
+    eqsched space matmul --size 64,64,64 --sample 3 [--rules a,-b] [--limits seconds=10] [--json]
 
 Every failure prints one line, `eqsched: error: ...`, on stderr and exits with status 2; a program
 that runs but computes a wrong result exits with status 1.
@@ -12,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
+import time
 from typing import Any, NoReturn
 
 from . import machine
 from .backend import BackendError
+from .egraph.dot import write_dot
+from .egraph.space import Space, SpaceError, rule_contributions
 from .ir import LoopKind, Program, naive_program
 from .runner import DEFAULT_TIMEOUT_S, Measurement, measure
 from .schedule import Schedule, ScheduleError, load_trace
@@ -67,6 +72,23 @@ def _parser() -> argparse.ArgumentParser:
 
     mach = sub.add_parser("machine", help="this machine's facts and measured FMA peak")
     mach.add_argument("--json", action="store_true", help="print a JSON object")
+
+    space = sub.add_parser("space", help="saturate a workload's schedule e-graph; count, sample")
+    space.add_argument("workload", help="a name from `eqsched workloads`")
+    space.add_argument("--size", help="comma-separated sizes (default: the workload's default)")
+    space.add_argument("--rules", help="comma-separated rule names, or +name/-name edits of the "
+                                       "default set (default: the default set)")
+    space.add_argument("--limits", help="saturation limits, like iterations=20,enodes=200000,"
+                                        "seconds=10")
+    space.add_argument("--sample", type=int, default=0, metavar="N",
+                       help="draw N programs uniformly and print them with their traces")
+    space.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    space.add_argument("--dot", metavar="OUT.svg",
+                       help="write the space's DAG for graphviz (.dot, and .svg if `dot` exists)")
+    space.add_argument("--contributions", action="store_true",
+                       help="also count the space without each rule in turn (one saturation "
+                            "per rule)")
+    space.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -209,14 +231,102 @@ def _cmd_machine(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machine}
+# ---- eqsched space --------------------------------------------------------------------------
+
+
+def parse_limits(text: str | None) -> Any:
+    from .egraph.saturate import Limits
+
+    if not text:
+        return Limits()
+    fields = {"iterations": int, "enodes": int, "seconds": float}
+    values: dict[str, Any] = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name.strip() not in fields:
+            raise CliError(f"bad --limits item {item!r}: expected iterations=, enodes= or "
+                           f"seconds=, like iterations=20,enodes=200000,seconds=10")
+        try:
+            values[name.strip()] = fields[name.strip()](value)
+        except ValueError:
+            raise CliError(f"bad --limits value in {item!r}: not a number") from None
+    return Limits(**values)
+
+
+def _sample_rows(space: Any, n: int, seed: int) -> list[dict[str, Any]]:
+    from .egraph.derive import derive
+    from .egraph.term import show
+
+    rows = []
+    for term, sizes in space.sample(n, seed):
+        rows.append({"term": show(term),
+                     "sizes": {f"{g}[{p}]": e for (g, p), e in sizes.items()},
+                     "trace": derive(term, sizes, space.naive)})
+    return rows
+
+
+def _cmd_space(args: argparse.Namespace) -> int:
+    from .egraph.saturate import saturate  # loads the rule modules: only for this command
+
+    if args.sample < 0:
+        raise CliError(f"--sample must be >= 0, got {args.sample}")
+    wl = get_workload(args.workload)
+    size = parse_size(args.size, wl) if args.size is not None else wl.default_size
+    naive = naive_program(wl.build(*size))
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    limits = parse_limits(args.limits)
+    sat = saturate(naive, rules, limits)
+    started = time.perf_counter()
+    space = Space(sat)
+    programs, structures = space.count(), space.count_structures()
+    rep = sat.report
+    out: dict[str, Any] = {
+        "workload": wl.name, "size": list(size),
+        "stop_reason": rep.stop_reason, "iterations": rep.iterations, "seconds": rep.seconds,
+        "enodes": rep.enodes, "eclasses": rep.eclasses, "programs": programs,
+        "structures": structures, "count_seconds": time.perf_counter() - started,
+        "rolled_back": rep.rolled_back, "matches_per_rule": rep.matches_per_rule,
+        "sizes_per_sort": rep.sizes_per_sort,
+    }
+    if args.sample:
+        out["samples"] = _sample_rows(space, args.sample, args.seed)
+    if args.contributions:
+        out["contributions"] = rule_contributions(naive, rules, limits)
+    if args.dot:
+        dot_file, svg_file = write_dot(space.to_dot(), args.dot)
+        out["dot"], out["svg"] = str(dot_file), svg_file and str(svg_file)
+    # The process peak: saturation, counting and sampling together.
+    out["peak_rss_mb"] = max(rep.peak_rss_mb,
+                             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{wl.name} {','.join(map(str, size))}: {out['stop_reason']} after "
+          f"{out['iterations']} iterations, {out['seconds']:.3g} s, {out['enodes']} e-nodes, "
+          f"{out['eclasses']} e-classes, peak RSS {out['peak_rss_mb']:.0f} MB")
+    print(f"programs: {programs} ({float(programs):.3g}) in {structures} structures")
+    for name, count in sorted(out["matches_per_rule"].items()):
+        print(f"  rule {name}: {count} matches")
+    for name, count in out.get("contributions", {}).items():
+        print(f"  without {name}: {count} programs")
+    for row in out.get("samples", []):
+        print(f"sample: {row['term']}  sizes {row['sizes']}")
+        print(f"  trace: {json.dumps(row['trace'])}")
+    if args.dot:
+        print(f"wrote {out['dot']}" + (f" and {out['svg']}" if out["svg"] else
+                                        " (graphviz `dot` not found: no .svg)"))
+    return 0
+
+
+COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machine,
+            "space": _cmd_space}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (CliError, WorkloadError, ScheduleError, BackendError) as err:
+    except (CliError, WorkloadError, ScheduleError, BackendError, SpaceError) as err:
         message = str(err).strip().splitlines()
         print(f"eqsched: error: {message[0] if message else type(err).__name__}", file=sys.stderr)
     except Exception as err:  # a bug, still reported in one line rather than a traceback
