@@ -4,7 +4,7 @@ The recipe is canonical (one trace per term), in this order:
 
 1. `inline` each stage of `term.inlined`, in order.
 2. Per top-level statement of the term, in order, build its nest:
-   - the *host* is the block under it with the most axes (the first such in term order); its naive
+   - the *host* is a block under it (tried in order: most axes first, then term order); its naive
      nest is `split` into the pieces its loops name (sizes from `Sizes`; "1/4.0/2" is a split of
      piece `.1`) and `reorder`ed into the term's order;
    - every other block B under it is `fuse`d at the deepest loop of B's term chain that already
@@ -12,6 +12,7 @@ The recipe is canonical (one trace per term), in this order:
      manual fuse puts a producer at the start of that loop's body and a consumer at its end, so B's
      statement must sit right before (after) the statements already built. B's remaining loops,
      which fuse mirrors from the blocks there, are then split further and reordered like the host's.
+     If some block cannot be fused this way, the next host is tried.
    A loop's name is therefore `<naive loop of its owner's axis><piece suffix>` (`C.init.j.2`).
 3. `vectorize` / `unroll` / `parallel` each annotated loop, in term pre-order. Annotations come
    before cache_write, because cache_write gives its copy loops the kinds of the tile loops.
@@ -109,21 +110,37 @@ class _Derivation:
     # ---- nests --------------------------------------------------------------------------------
 
     def _build_root(self, root: Stmt) -> None:
+        """Try each block as the host (most axes first) until every other block fuses in."""
         blocks = _blocks_in(root)
-        host = max(blocks, key=lambda b: (len(self.facts.blocks[b].axes), -blocks.index(b)))
+        hosts = sorted(blocks, key=lambda b: (-len(self.facts.blocks[b].axes), blocks.index(b)))
+        main, names = self.sch, dict(self.names)
+        for host in hosts:
+            self.sch = Schedule(main.program)  # a trial: the manual API has no undo
+            if self._fuse_all(host, blocks):
+                for step in self.sch.trace:
+                    args = step["args"]
+                    if step["op"] == "reorder":
+                        main.reorder(*args["loops"])
+                    else:
+                        getattr(main, step["op"])(**args)
+                self.sch = main
+                return
+            self.sch, self.names = main, dict(names)
+        raise DeriveError(f"cannot build {show(Term((root,)))} by fusing into one nest: the "
+                          "manual fuse puts a producer first and a consumer last in the loop it "
+                          "fuses at")
+
+    def _fuse_all(self, host: str, blocks: list[str]) -> bool:
         self._shape(host, self.chains[host])
         placed = {host}
         pending = [b for b in blocks if b != host]
         while pending:
-            for name in pending:
-                if self._try_fuse(name, placed):
-                    placed.add(name)
-                    pending.remove(name)
-                    break
-            else:
-                raise DeriveError(f"cannot fuse {pending} into the nest of {host} in the order "
-                                  f"of {show(Term((root,)))}: the manual fuse puts a producer "
-                                  "first and a consumer last in the loop it fuses at")
+            fused = next((b for b in pending if self._try_fuse(b, placed)), None)
+            if fused is None:
+                return False
+            placed.add(fused)
+            pending.remove(fused)
+        return True
 
     def _try_fuse(self, name: str, placed: set[str]) -> bool:
         chain = self.chains[name]

@@ -18,10 +18,8 @@ no block left were inlined (listed in stage order). Anything else raises EncodeE
 
 from __future__ import annotations
 
-import re
-
 from ..expr import Load, Var
-from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, naive_program, walk
+from ..ir import Alloc, Binding, Block, Loop, LoopKind, Node, Program, naive_program, walk
 from .facts import Facts, facts_of
 from .term import BlockRef, Cached, PackRef, Sizes, Stmt, Term, pack_symbol, split_path
 from .term import Loop as TermLoop
@@ -30,7 +28,6 @@ KIND_OF = {LoopKind.SERIAL: "serial", LoopKind.VECTORIZED: "vector",
            LoopKind.UNROLLED: "unroll", LoopKind.PARALLEL: "parallel"}
 LOCAL_SUFFIX = ".local"
 PACKED_SUFFIX = "_packed"
-_SUFFIX = re.compile(r"((?:\.\d+)*)$")
 
 
 class EncodeError(ValueError):
@@ -144,18 +141,13 @@ class _Encoder:
             arities.append(len(indices))
         return self.groups[base], suffix_to_path(suffix, tuple(arities))
 
-    def _binding(self, loop: Loop):
+    def _binding_of(self, loop: Loop) -> Binding:
+        """The binding of the axis the loop iterates, in the first block under it."""
         for blk in (n for n, _ in walk(loop.body) if isinstance(n, Block)):
             for b in blk.bindings:
                 if any(lp == loop.name for lp, _ in b.terms):
                     return b
-        return None
-
-    def _binding_of(self, loop: Loop):
-        b = self._binding(loop)
-        if b is None:
-            raise EncodeError(f"loop {loop.name}: no block under it iterates it")
-        return b
+        raise EncodeError(f"loop {loop.name}: no block under it iterates it")
 
     def _pack(self, node: Node) -> PackRef | None:
         """The PackRef of a `<buf>_packed` copy nest, or None for any other node."""

@@ -1,0 +1,90 @@
+"""Encoding programs as (Term, Sizes): loops become pieces of dimension groups, tiles and packs
+become Cached and PackRef, and programs outside the vocabulary are refused by name."""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from eqsched.egraph.encode import EncodeError, encode, parse_loop
+from eqsched.egraph.term import BlockRef, Cached, Loop, PackRef, Term, pack_symbol, show, symbols
+from eqsched.ir import naive_program
+from eqsched.schedule import Schedule
+from eqsched.workloads import get_workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from hand_schedule import packed_register_tile  # noqa: E402
+
+
+def matmul(m=16, n=24, k=8):
+    return naive_program(get_workload("matmul").build(m, n, k))
+
+
+def test_naive_matmul_is_one_nest_per_block_with_whole_extents():
+    term, sizes = encode(matmul())
+    assert show(term) == "C.i[]{C.j[]{C.init}} ; C.i[]{C.j[]{C.k[]{C.update}}}"
+    assert sizes == {("C.i", ""): 16, ("C.j", ""): 24, ("C.k", ""): 8}
+
+
+def test_loop_names_parse_into_their_naive_loop_and_pieces():
+    bases = {"C.i", "C.init.i"}
+    assert parse_loop("C.init.i.1.0", bases) == ("C.init.i", (1, 0))
+    assert parse_loop("C.i", bases) == ("C.i", ())
+    assert parse_loop("C.write.i.1", bases) is None
+
+
+def test_nested_splits_give_nested_paths_with_the_arity_of_each_level():
+    sch = Schedule(matmul())
+    sch.split("C.i", [2, 4, 2])
+    sch.split("C.i.1", [2, 2])
+    term, sizes = encode(sch.program)
+    update_loops = show(Term(term.body[1:]))
+    assert update_loops.startswith("C.i[0/3]{C.i[1/3.0/2]{C.i[1/3.1/2]{C.i[2/3]{")
+    assert sizes[("C.i", "1/3.1/2")] == 2 and sizes[("C.i", "2/3")] == 2
+
+
+def test_hand_schedule_is_a_cached_packed_tile_with_vector_and_unroll_kinds():
+    sch = Schedule(matmul(64, 64, 64))
+    packed_register_tile(sch)
+    term, sizes = encode(sch.program)
+    assert term.packs == (PackRef("C.update", "B", 1),) and sizes[pack_symbol("B")] == 32
+    (outer,) = term.body
+    assert (outer.group, outer.path) == ("C.j", "0/3")
+    (tile_loop,) = outer.body
+    (cached,) = tile_loop.body
+    assert isinstance(cached, Cached) and cached.stage == "C"
+    init, update = cached.body  # the C.write copy nest is implied by Cached
+    assert init == Loop("C.i", "1/2", "unroll", (Loop("C.j", "1/3", "unroll", (
+        Loop("C.j", "2/3", "vector", (BlockRef("C.init"),)),)),))
+    assert (update.group, update.path) == ("C.k", "")
+    assert symbols(term) == set(sizes)
+    assert sizes[("C.j", "2/3")] == 16 and sizes[("C.i", "1/2")] == 8
+
+
+def test_fused_consumer_shares_the_producer_pieces_and_inlined_stages_are_listed():
+    naive = naive_program(get_workload("mm_exp_mm").build(8, 6, 12, 10))
+    sch = Schedule(naive)
+    sch.split("C.i", [2, 4])
+    sch.fuse("D", at="C.i.0")
+    term, sizes = encode(sch.program)
+    assert show(Term(term.body[1:2])) == ("C.i[0/2]{C.i[1/2]{C.j[]{C.k[]{C.update}}} ; "
+                                          "C.i[1/2]{C.j[]{D}}}")
+    sch2 = Schedule(naive)
+    sch2.inline("D")
+    assert encode(sch2.program)[0].inlined == ("D",)
+
+
+def test_one_symbol_with_two_extents_is_refused():
+    sch = Schedule(matmul())
+    sch.split("C.i", [2, 8])
+    sch.split("C.init.i", [4, 4])  # C.i[0/2] would be 4 in the init and 2 in the update
+    with pytest.raises(EncodeError, match=r"loop C.i.0: extent 2, but \('C.i', '0/2'\) is 4"):
+        encode(sch.program)
+
+
+def test_a_loop_that_is_no_piece_of_a_naive_loop_is_refused_by_name():
+    prog = matmul()
+    renamed = replace(prog.body[0], name="C.tile")
+    with pytest.raises(EncodeError, match="loop C.tile: not a piece of a naive loop"):
+        encode(prog.with_body((renamed,) + prog.body[1:]))
