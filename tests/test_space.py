@@ -10,7 +10,9 @@ from itertools import product
 import pytest
 from egglog import EGraph, union
 
+from eqsched.egraph.derive import realize
 from eqsched.egraph.dot import write_dot
+from eqsched.egraph.encode import encode
 from eqsched.egraph.facts import Facts, facts_of
 from eqsched.egraph.lang import SERIALIZED_OPS, Root, root_expr, stmt_expr
 from eqsched.egraph.space import Space, SpaceError
@@ -27,6 +29,7 @@ from eqsched.egraph.term import (
     walk,
 )
 from eqsched.ir import Program, naive_program
+from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
 
 NAIVE = naive_program(get_workload("matmul").build(4, 16, 2))  # C.i 4, C.j 16, C.k 2
@@ -308,3 +311,17 @@ def test_graphviz_export(space, tmp_path):
     dot_file, svg_file = write_dot(text, tmp_path / "space.svg")
     assert dot_file.read_text() == text
     assert svg_file is None or svg_file.exists()
+
+
+def test_programs_built_by_the_manual_api_are_members(space):
+    sch = Schedule(NAIVE)
+    sch.split("C.init.j", [2, 8])
+    sch.vectorize("C.init.j.1")
+    assert space.contains_program(sch.program)
+    sch.reorder("C.j", "C.i")  # the update nest is never reordered in this space
+    assert not space.contains_program(sch.program)
+
+
+def test_every_program_is_realized_by_its_derivation(space):
+    for term, sizes in space.enumerate():
+        assert encode(realize(term, sizes, NAIVE), space.facts) == (term, sizes)
