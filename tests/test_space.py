@@ -325,3 +325,9 @@ def test_programs_built_by_the_manual_api_are_members(space):
 def test_every_program_is_realized_by_its_derivation(space):
     for term, sizes in space.enumerate():
         assert encode(realize(term, sizes, NAIVE), space.facts) == (term, sizes)
+
+
+def test_only_vector_and_unroll_constrain_extents():
+    # The space counts serial and parallel loops under one key; that is exact only while these
+    # kinds accept every extent.
+    assert all(extent_allowed(k, e) for k in ("serial", "parallel") for e in range(1, 4097))

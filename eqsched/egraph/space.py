@@ -5,7 +5,7 @@ holds the cons list it evaluates to) plus an extent for every piece symbol the c
 uses. Structure and sizes are counted together because kinds constrain sizes: a vector piece has
 8..64 lanes, an unroll piece at most 16 iterations (`term.extent_allowed`).
 
-    class count = {constraint key: structures}      key = {(group, path, kind) of its loops}
+    class count = {constraint key: structures}  key = {(group, path, vector|unroll|"") of its loops}
     node count  = children's counts merged key by key (keys unite, counts multiply)
     programs    = sum over root keys of structures(key) x size assignments(key)
 
@@ -50,7 +50,7 @@ from .term import (
     walk,
 )
 
-Key = frozenset  # of (group, path, kind) triples; a pack is ("pack:" + buffer, "", "pack:<dim>")
+Key = frozenset  # of (group, path, constraint); a pack is ("pack:" + buffer, "", "pack:<dim>")
 Slot = tuple[str, int]  # (e-class, root phase); the phase is 0 outside the root list
 
 PACKS, INLINES, STMTS = 0, 1, 2  # what a root-list class may still hold, outermost first
@@ -70,6 +70,12 @@ class _Node:
     children: tuple[Slot, ...]  # the children that carry program structure
     own: Key  # the constraints this node adds
     digest: str
+
+
+def _constraint(kind: str) -> str:
+    """What a loop kind asks of its extent. Kinds that ask nothing share one value, so keys
+    differing only in them (a parallel or a serial outer loop) are counted together."""
+    return kind if kind in ("vector", "unroll") else ""
 
 
 def _allowed(op: str, phase: int) -> bool:
@@ -145,7 +151,8 @@ class Space:
             group, path, kind = self._leaf(ch[0]), self._leaf(ch[1]), self._leaf(ch[2])
             if kind not in KINDS:
                 raise SpaceError(f"loop over {group}[{path}] has kind {kind!r}")
-            return op, (group, path, kind), ((ch[3], 0),), frozenset({(group, path, kind)})
+            own = frozenset({(group, path, _constraint(kind))})
+            return op, (group, path, kind), ((ch[3], 0),), own
         if op in ("cons", "rcons"):
             return op, (), ((ch[0], 0), (ch[1], STMTS if op == "rcons" else 0)), EMPTY
         if op == "block":
@@ -520,7 +527,8 @@ def _build(node: _Node, values: list) -> Any:
 
 
 def _key_of(term: Term) -> Key:
-    key = {(s.group, s.path, s.kind) for s, _ in walk(term.body) if isinstance(s, Loop)}
+    key = {(s.group, s.path, _constraint(s.kind)) for s, _ in walk(term.body)
+           if isinstance(s, Loop)}
     key |= {(f"pack:{p.buffer}", "", f"pack:{p.dim}") for p in term.packs}
     return frozenset(key)
 
