@@ -16,7 +16,8 @@ The recipe is canonical (one trace per term), in this order:
    A loop's name is therefore `<naive loop of its owner's axis><piece suffix>` (`C.init.j.2`).
 3. `vectorize` / `unroll` / `parallel` each annotated loop, in term pre-order. Annotations come
    before cache_write, because cache_write gives its copy loops the kinds of the tile loops.
-4. `cache_write(<stage's update block>, at=<the loop whose only child is the Cached>)`.
+4. `cache_write(<the stage's block in the tile, its update if there>, at=<the loop whose only
+   child is the Cached>)`.
 5. `pack` each PackRef last: the copy nest lands right before the nest that holds the reader.
 
 The result is checked by encoding it again: a term the manual API cannot state (a root order other
@@ -25,6 +26,8 @@ only child of a loop, ...) raises DeriveError naming the part, never a different
 """
 
 from __future__ import annotations
+
+import math
 
 from ..ir import Program
 from ..legality import ScheduleError
@@ -80,6 +83,7 @@ class _Derivation:
         self.sch = Schedule(naive)
         self.names: dict[int, str] = {}  # id(term Loop) -> program loop name
         self.chains = {s.name: outer for s, outer in walk(term.body) if isinstance(s, BlockRef)}
+        self.loops = [s for s, _ in walk(term.body) if isinstance(s, Loop)]
         self.naive_loop = {(blk.name, b.axis): b.terms[0][0]
                            for blk in naive.blocks() for b in blk.bindings}
 
@@ -200,17 +204,27 @@ class _Derivation:
         where = f"cached:{cached.stage}"
         if not outer or outer[-1].body != (cached,):
             raise DeriveError(f"{where}: cache_write needs a loop whose only child is the tile")
-        stage_blocks = [b for b in self.facts.blocks.values() if b.stage == cached.stage]
-        update = next((b.name for b in stage_blocks if b.reduce), stage_blocks[0].name)
-        self._step(where, self.sch.cache_write, update, self.names[id(outer[-1])])
+        inside = [self.facts.blocks[b] for b in _blocks_in(cached)]
+        mine = [b for b in inside if b.stage == cached.stage]
+        if not mine:
+            raise DeriveError(f"{where}: no block of stage {cached.stage} in the tile")
+        block = next((b.name for b in mine if b.reduce), mine[0].name)
+        self._step(where, self.sch.cache_write, block, self.names[id(outer[-1])])
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
     def _size(self, symbol: tuple[str, str]) -> int:
-        try:
+        """A piece's extent: given, or (a piece split further) the product of its pieces'."""
+        if symbol in self.sizes:
             return self.sizes[symbol]
-        except KeyError:
-            raise DeriveError(f"no size for piece {symbol}") from None
+        group, path = symbol
+        head = f"{path}." if path else ""
+        for lp in self.loops:
+            if lp.group == group and lp.path.startswith(head) and lp.path != path:
+                ways = int(lp.path[len(head):].split(".")[0].split("/")[1])
+                return math.prod(self._size((group, split_path(path, n, ways)))
+                                 for n in range(ways))
+        raise DeriveError(f"no size for piece {symbol}")
 
     def _step(self, part: str, primitive, *args) -> None:
         try:
