@@ -174,3 +174,14 @@ def test_a_term_with_a_missing_size_or_block_is_refused():
         derive(term, sizes, naive("matmul", 16, 24, 8))
     with pytest.raises(DeriveError, match="term blocks"):
         derive(Term((L("C.i", "", L("C.j", "", BlockRef("C.init"))),)), {}, naive("matmul"))
+
+
+def test_a_piece_split_further_takes_the_product_of_its_pieces_sizes():
+    init = L("C.i", "", L("C.j", "", BlockRef("C.init")))
+    update = L("C.i", "", L("C.j", "", L("C.k", "0/2", L("C.k", "1/2.0/2", L(
+        "C.k", "1/2.1/2", BlockRef("C.update"))))))
+    sizes = {("C.i", ""): 16, ("C.j", ""): 24, ("C.k", "0/2"): 2, ("C.k", "1/2.0/2"): 2,
+             ("C.k", "1/2.1/2"): 2}
+    trace = derive(Term((init, update)), sizes, naive("matmul"))
+    assert trace[:2] == [{"op": "split", "args": {"loop": "C.k", "factors": [2, 4]}},
+                         {"op": "split", "args": {"loop": "C.k.1", "factors": [2, 2]}}]
