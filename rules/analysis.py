@@ -1,0 +1,264 @@
+"""Analysis rules: positive relations over bodies and statements that growth rules use as guards.
+
+egglog queries have no negation, so "no block in this body reduces over g" is built bottom-up as a
+positive fact: nil has it for every group, a block has it unless g is one of its reduce groups, a
+loop or cached statement passes up its body's facts, and cons has it when head and tail do. Facts
+about the blocks a body holds (`holds`, `spatial`, `only`) are the same for every member of an
+e-class (no rewrite adds or drops a block), so guards built on them are exact. Facts about
+nesting (`uncached`, `reg_tile`) can differ between members of a class; see each rule.
+"""
+
+from __future__ import annotations
+
+from egglog import String, eq, relation, rule, var
+
+from ..egraph.facts import Facts
+from ..egraph.lang import Body, Kind, Root, SStmt, block, cached, loop
+from ..expr import Var, loads
+from .base import Rule, register
+
+# Pattern variables shared by the rule modules.
+s, h = var("s", SStmt), var("h", SStmt)
+b, t, x, y = var("b", Body), var("t", Body), var("x", Body), var("y", Body)
+r, rest = var("r", Root), var("rest", Root)
+g, p, n, st = var("g", String), var("p", String), var("n", String), var("st", String)
+k = var("k", Kind)
+a = var("a", String)  # the argument of a relation passed up through loops
+
+s_holds = relation("s_holds", SStmt, String)  # the statement contains block n
+holds = relation("holds", Body, String)
+s_spatial = relation("s_spatial", SStmt, String)  # no accumulating block inside reduces over g
+spatial = relation("spatial", Body, String)
+s_only = relation("s_only", SStmt, String)  # every block inside belongs to stage st
+only = relation("only", Body, String)
+s_uncached = relation("s_uncached", SStmt)  # some member of the class has no cached inside
+uncached = relation("uncached", Body)
+blocks_only = relation("blocks_only", Body)  # a list of blocks, no loops
+reg_tile = relation("reg_tile", Body)  # blocks and vector/unroll loops only
+unit_stride = relation("unit_stride", Body, String)  # blocks storing unit-stride along g
+s_tiles = relation("s_tiles", SStmt, String)  # has a loop over a spatial group of stage st
+tiles = relation("tiles", Body, String)
+s_lacks = relation("s_lacks", SStmt, String)  # no block of plain stage st inside
+lacks = relation("lacks", Body, String)
+alone = relation("alone", Root, String)  # one statement of the root list is st's nest alone
+program_root = relation("program_root", Root)  # the whole program (registered by saturate)
+
+
+def inlinable(facts: Facts) -> list[str]:
+    """Plain (non-reduction) stages that other stages read and that store one axis per
+    dimension (so a read can substitute its indices for the axes), in program order."""
+    read = {ld.buffer for blk in facts.blocks.values() for ld in loads(blk.value)
+            if ld.buffer != blk.buffer}
+    out = []
+    for blk in facts.blocks.values():
+        stores = [ix.name for ix in blk.indices if isinstance(ix, Var)]
+        if (blk.reduce is None and blk.name == blk.stage and blk.buffer in read
+                and len(stores) == len(blk.indices)
+                and sorted(stores) == sorted(a.name for a in blk.axes)):
+            out.append(blk.stage)
+    return out
+
+
+def reduce_groups(facts: Facts) -> set[str]:
+    """Groups some accumulating block reduces over; every other group is spatial everywhere."""
+    return set().union(*facts.reduce_groups.values())
+
+
+def guarded_stages(facts: Facts) -> list[str]:
+    """Stages whose `only` facts a guard reads: reductions (cache_write) and inlinable ones."""
+    reductions = {blk.stage for blk in facts.blocks.values() if blk.reduce is not None}
+    return sorted(reductions | set(inlinable(facts)))
+
+
+def eq_(lhs, rhs):
+    return eq(lhs).to(rhs)
+
+
+def _pass_up(s_rel, rel, *args) -> list:
+    """A loop or cached statement has the fact of its body."""
+    return [
+        rule(eq_(s, loop(g, p, k, b)), rel(b, *args)).then(s_rel(s, *args)),
+        rule(eq_(s, cached(st, b)), rel(b, *args)).then(s_rel(s, *args)),
+    ]
+
+
+def _all_of(s_rel, rel, *args) -> list:
+    """A body has the fact when all its statements do (nil vacuously)."""
+    return [
+        rule(eq_(b, Body.nil())).then(rel(b, *args)),
+        rule(eq_(b, Body.cons(h, t)), s_rel(h, *args), rel(t, *args)).then(rel(b, *args)),
+    ]
+
+
+@register
+class Contains(Rule):
+    """holds(body, n): block n is somewhere in body.
+
+        cons(block(n), t) -> holds(n);  loop(.., b) with holds(b, n) -> s_holds(n)
+    """
+
+    name = "contains"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        return [
+            rule(eq_(s, block(n))).then(s_holds(s, n)),
+            rule(eq_(b, Body.cons(h, t)), s_holds(h, n)).then(holds(b, n)),
+            rule(eq_(b, Body.cons(h, t)), holds(t, n)).then(holds(b, n)),
+        ] + _pass_up(s_holds, holds, a)
+
+
+@register
+class Spatial(Rule):
+    """spatial(body, g): no accumulating block in body reduces over group g. Derived only for
+    groups that some block reduces over (any body is spatial in the others).
+
+        block(C.init) -> s_spatial(C.k);  nil -> spatial(C.k)
+    """
+
+    name = "spatial"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        for group in sorted(reduce_groups(facts)):
+            out += _all_of(s_spatial, spatial, String(group))
+            out += [rule(eq_(s, block(name))).then(s_spatial(s, String(group)))
+                    for name in facts.blocks if group not in facts.reduce_groups[name]]
+        return out + _pass_up(s_spatial, spatial, a)
+
+
+@register
+class OnlyStage(Rule):
+    """only(body, S): every block in body belongs to stage S (for the stages of `guarded_stages`).
+
+        block(C.init), block(C.update) -> s_only(C);  nil -> only(S) for every stage S
+    """
+
+    name = "only_stage"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        stages = guarded_stages(facts)
+        for stage in stages:
+            out += _all_of(s_only, only, String(stage))
+        out += [rule(eq_(s, block(name))).then(s_only(s, String(stage)))
+                for name, stage in facts.stage_of.items() if stage in stages]
+        return out + _pass_up(s_only, only, a)
+
+
+@register
+class Nesting(Rule):
+    """Shapes of bodies: blocks_only (no loops), reg_tile (blocks, vector and unroll loops only),
+    uncached (no cached statement inside).
+
+        cons(block(n), nil) -> blocks_only, reg_tile, uncached
+        cons(loop(g, p, vector, x), t) with reg_tile(t) -> reg_tile
+
+    uncached and reg_tile are existential over an e-class (a loop's class holds its serial and
+    unrolled forms, with and without a local tile): the guards they back keep the space small;
+    the space still holds, e.g., an unrolled loop around a serial one, which is legal.
+    """
+
+    name = "nesting"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        return [
+            rule(eq_(b, Body.nil())).then(blocks_only(b), reg_tile(b), uncached(b)),
+            rule(eq_(b, Body.cons(block(n), t)), blocks_only(t)).then(blocks_only(b)),
+            rule(eq_(b, Body.cons(block(n), t)), reg_tile(t)).then(reg_tile(b)),
+            rule(eq_(b, Body.cons(loop(g, p, Kind.vector(), x), t)), reg_tile(t))
+            .then(reg_tile(b)),
+            rule(eq_(b, Body.cons(loop(g, p, Kind.unroll(), x), t)), reg_tile(x), reg_tile(t))
+            .then(reg_tile(b)),
+            rule(eq_(s, block(n))).then(s_uncached(s)),
+            rule(eq_(s, loop(g, p, k, x)), uncached(x)).then(s_uncached(s)),
+            rule(eq_(b, Body.cons(h, t)), s_uncached(h), uncached(t)).then(uncached(b)),
+        ]
+
+
+@register
+class UnitStride(Rule):
+    """unit_stride(body, g): body is a list of blocks that all store unit-stride along g and do
+    not reduce over g (the condition for a vector loop over g around them).
+
+        cons(block(C.update), nil) -> unit_stride(C.j)   (C[i, j] stores with j innermost)
+    """
+
+    name = "unit_stride"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        groups = {gr for gr in facts.store_inner_group.values() if gr is not None}
+        for group in sorted(groups):
+            out.append(rule(eq_(b, Body.nil())).then(unit_stride(b, String(group))))
+        for name, group in facts.store_inner_group.items():
+            if group is not None and group not in facts.reduce_groups[name]:
+                out.append(rule(eq_(b, Body.cons(block(name), t)), unit_stride(t, String(group)))
+                           .then(unit_stride(b, String(group))))
+        return out
+
+
+@register
+class LocalTile(Rule):
+    """tiles(body, S): body has a loop over a spatial group of stage S (a local tile of S's
+    output under the enclosing loop would not be empty).
+
+        loop(C.j, p, k, b) -> s_tiles(C)   (C.j is a spatial group of C.update)
+    """
+
+    name = "local_tile"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        for name, blk in facts.blocks.items():
+            if blk.reduce is None:
+                continue
+            stage = String(facts.stage_of[name])
+            for group in sorted(set(facts.groups_of(name)) - facts.reduce_groups[name]):
+                out.append(rule(eq_(s, loop(String(group), p, k, b))).then(s_tiles(s, stage)))
+        return out + [
+            rule(eq_(b, Body.cons(h, t)), s_tiles(h, st)).then(tiles(b, st)),
+            rule(eq_(b, Body.cons(h, t)), tiles(t, st)).then(tiles(b, st)),
+        ] + _pass_up(s_tiles, tiles, a)
+
+
+@register
+class Lacks(Rule):
+    """lacks(body, D): no block of the inlinable stage D is in body.
+
+        block(C.update) -> s_lacks(D);  nil -> lacks(D)
+    """
+
+    name = "lacks"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        for stage in inlinable(facts):
+            out += _all_of(s_lacks, lacks, String(stage))
+            out += [rule(eq_(s, block(name))).then(s_lacks(s, String(stage)))
+                    for name in facts.blocks if name != stage]
+        return out + _pass_up(s_lacks, lacks, a)
+
+
+@register
+class Alone(Rule):
+    """alone(root list, D): a statement of the list holds D's blocks and nothing else.
+
+        rcons(loop(D.i, .., [D]), r) -> alone(D);  rcons(s, r) with alone(r, D) -> alone(D)
+    """
+
+    name = "alone"
+    growth = False
+    requires = ("only_stage",)
+
+    def rewrites(self, facts: Facts) -> list:
+        return [
+            rule(eq_(r, Root.rcons(h, rest)), s_only(h, st)).then(alone(r, st)),
+            rule(eq_(r, Root.rcons(h, rest)), alone(rest, st)).then(alone(r, st)),
+        ]

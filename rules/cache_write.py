@@ -1,0 +1,38 @@
+"""Local accumulator: a reduction accumulates in a small local tile, written back once."""
+
+from __future__ import annotations
+
+from egglog import String, rewrite
+
+from ..egraph.facts import Facts
+from ..egraph.lang import Body, cached, loop
+from .analysis import b, g, holds, k, only, p, tiles, uncached
+from .base import Rule, register
+
+
+@register
+class CacheWrite(Rule):
+    """Accumulate stage S in a local tile under a loop whose body holds S's update and nothing
+    of another stage, and has a loop over a spatial group of S (the tile is not empty).
+
+        loop(C.j, "1/4", serial, [loop(C.k, ..., [C.update])])
+          -> loop(C.j, "1/4", serial, [cached(C, [loop(C.k, ..., [C.update])])])
+
+    Not inside another local tile of the stage. `uncached` is existential over the body's class,
+    so an extraction may still find a nested one: the space must take one cached per stage.
+    """
+
+    name = "cache_write"
+    requires = ("contains", "only_stage", "nesting", "local_tile")
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        for name, blk in sorted(facts.blocks.items()):
+            if blk.reduce is None:
+                continue
+            stage = String(blk.stage)
+            out.append(
+                rewrite(loop(g, p, k, b))
+                .to(loop(g, p, k, Body.cons(cached(stage, b), Body.nil())),
+                    holds(b, String(name)), only(b, stage), uncached(b), tiles(b, stage)))
+        return out

@@ -1,0 +1,39 @@
+"""Vectorization of the innermost loop along a unit-stride store."""
+
+from __future__ import annotations
+
+from egglog import String, rewrite
+
+from ..egraph.facts import Facts
+from ..egraph.lang import Kind, loop
+from ..egraph.term import split_path
+from .analysis import b, blocks_only, unit_stride
+from .base import Rule, register
+from .tile import levels, tiled
+
+
+@register
+class Vectorize(Rule):
+    """Make the innermost loop a vector loop when every block under it stores unit-stride along
+    its group (and none reduces over it).
+
+        loop(C.j, "3/4", serial, [C.update]) -> loop(C.j, "3/4", vector, [C.update])
+
+    Only a whole loop or a group's innermost piece (stride 1 in the axis), and only around blocks
+    (so a vector loop is always innermost). Its extent must be a whole vector (term.VECTOR_LANES).
+    """
+
+    name = "vectorize"
+    requires = ("nesting", "unit_stride")
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        groups = {gr for gr in facts.store_inner_group.values() if gr is not None}
+        for group in sorted(groups):
+            ways = levels(facts, group)
+            paths = ("", split_path("", ways - 1, ways)) if tiled(facts.extents[group]) else ("",)
+            for path in paths:
+                gr, pa = String(group), String(path)
+                out.append(rewrite(loop(gr, pa, Kind.serial(), b))
+                           .to(loop(gr, pa, Kind.vector(), b), blocks_only(b), unit_stride(b, gr)))
+        return out
