@@ -5,8 +5,8 @@ from __future__ import annotations
 from egglog import String, rewrite
 
 from ..egraph.facts import Facts
-from ..egraph.lang import Body, cached, loop
-from .analysis import b, g, holds, k, only, p, tiles, uncached
+from ..egraph.lang import Body, Kind, cached, loop
+from .analysis import b, g, holds, only, p, tiles, uncached
 from .base import Rule, register
 
 
@@ -18,7 +18,8 @@ class CacheWrite(Rule):
         loop(C.j, "1/4", serial, [loop(C.k, ..., [C.update])])
           -> loop(C.j, "1/4", serial, [cached(C, [loop(C.k, ..., [C.update])])])
 
-    Not inside another local tile of the stage. `uncached` is existential over the body's class,
+    At serial loops (the parallel and unrolled forms of the loop share its class, and an unrolled
+    loop stays around the register tile). Not inside another local tile of the stage. `uncached` is existential over the body's class,
     so an extraction may still find a nested one: the space must take one cached per stage.
     """
 
@@ -32,7 +33,7 @@ class CacheWrite(Rule):
                 continue
             stage = String(blk.stage)
             out.append(
-                rewrite(loop(g, p, k, b))
-                .to(loop(g, p, k, Body.cons(cached(stage, b), Body.nil())),
+                rewrite(loop(g, p, Kind.serial(), b))
+                .to(loop(g, p, Kind.serial(), Body.cons(cached(stage, b), Body.nil())),
                     holds(b, String(name)), only(b, stage), uncached(b), tiles(b, stage)))
         return out

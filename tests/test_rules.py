@@ -1,0 +1,282 @@
+"""The rule sets: registry and selection, and each family's guards, checked on saturated e-graphs.
+
+Guards are checked over every program an e-graph holds at once: a class "reaches" the blocks and
+loops of any of its members, and any member of every class can be chosen, so "no loop node of
+kind vector reaches a loop below it" means no program in the space has one.
+"""
+
+import json
+from functools import cache
+
+import pytest
+
+from eqsched.egraph.facts import facts_of
+from eqsched.egraph.saturate import saturate
+from eqsched.ir import naive_program
+from eqsched.rules import DEFAULT, RULES, Rule, RuleError, default_rules, register, resolve
+from eqsched.rules.fuse import fusible, unsafe_groups
+from eqsched.te import Computation, compute, placeholder
+from eqsched.workloads import get_workload
+
+
+def naive(name, *size):
+    wl = get_workload(name)
+    return naive_program(wl.build(*(size or wl.small_size)))
+
+
+class Graph:
+    """Program nodes of a saturated e-graph by class: (op, literals, child classes)."""
+
+    def __init__(self, sat):
+        data = sat.serialized()["nodes"]
+        cls = {nid: n["eclass"] for nid, n in data.items()}
+        self.root = sat.root_class
+        self.nodes: dict[str, list] = {}
+        leaf = {}
+        for n in data.values():
+            op = n["op"]
+            if op.startswith('"'):
+                leaf[n["eclass"]] = json.loads(op)
+            elif op.startswith("Kind."):
+                leaf[n["eclass"]] = op[5:]
+            elif op.isdigit():
+                leaf[n["eclass"]] = int(op)
+        for n in data.values():
+            op, kids = n["op"], [cls[c] for c in n["children"]]
+            if op == "loop":
+                self.nodes.setdefault(n["eclass"], []).append(
+                    ("loop", tuple(leaf[c] for c in kids[:3]), kids[3:]))
+            elif op == "block":
+                self.nodes.setdefault(n["eclass"], []).append(("block", (leaf[kids[0]],), []))
+            elif op in ("Body.cons", "Root.rcons"):
+                self.nodes.setdefault(n["eclass"], []).append((op, (), kids))
+            elif op in ("cached", "Root.inlined", "Root.packed"):
+                self.nodes.setdefault(n["eclass"], []).append(
+                    (op, tuple(leaf[c] for c in kids[:-1]), kids[-1:]))
+            elif op in ("Body.nil", "Root.rnil"):
+                self.nodes.setdefault(n["eclass"], []).append((op, (), []))
+        self.reach = cache(self._reach)
+
+    def loops(self):
+        """Every loop node reachable from the root: (group, path, kind, body class)."""
+        seen, todo, out = set(), [self.root], []
+        while todo:
+            c = todo.pop()
+            if c in seen:
+                continue
+            seen.add(c)
+            for op, lit, kids in self.nodes.get(c, []):
+                if op == "loop":
+                    out.append((*lit, kids[0]))
+                todo += kids
+        return out
+
+    def _reach(self, c):
+        """(blocks, loop (group, path) pairs) of any member, anywhere below."""
+        blocks, loops = set(), set()
+        for op, lit, kids in self.nodes.get(c, []):
+            if op == "block":
+                blocks.add(lit[0])
+            if op == "loop":
+                loops.add(lit[:2])
+            for k in kids:
+                b, lp = self.reach(k)
+                blocks |= b
+                loops |= lp
+        return frozenset(blocks), frozenset(loops)
+
+
+@pytest.fixture(scope="module")
+def matmul():
+    return saturate(naive("matmul"))
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return saturate(naive("mm_exp_mm"))
+
+
+# ---- registry and selection ----------------------------------------------------------------
+
+
+def test_default_set_is_the_transformation_families_plus_their_analysis():
+    names = [r.name for r in default_rules()]
+    assert names[:len(DEFAULT)] == list(DEFAULT)
+    assert {"contains", "spatial", "nesting", "unit_stride"} <= set(names)
+    assert not any(RULES[n].growth for n in names[len(DEFAULT):])
+    for rule in default_rules():
+        assert "->" in rule.__doc__
+
+
+def test_resolve_edits_names_and_objects():
+    assert "pack" not in [r.name for r in resolve("-pack")]
+    assert [r.name for r in resolve(["tile", "reorder"])] == ["tile", "reorder"]
+    assert [r.name for r in resolve("tile,+vectorize")][:2] == ["tile", "vectorize"]
+    assert "nesting" in [r.name for r in resolve("tile,+vectorize")]  # vectorize's guards
+
+    class Mine(RULES["reorder"].__class__):
+        """loop(a, loop(b, y)) -> loop(b, loop(a, y)), my way"""
+
+        name = "my_reorder"
+
+    swapped = resolve(["-reorder", Mine()])
+    assert "my_reorder" in [r.name for r in swapped] and "reorder" not in [r.name for r in swapped]
+    with pytest.raises(RuleError, match="unknown rule 'tiles'"):
+        resolve("tiles")
+
+
+def test_a_rule_must_draw_itself():
+    with pytest.raises(RuleError, match="before -> after"):
+        @register
+        class Undocumented(Rule):
+            name = "undocumented"
+
+
+# ---- tile and reorder ----------------------------------------------------------------------
+
+
+def test_tiles_are_ssrsrs_and_never_nested(matmul):
+    g = Graph(matmul)
+    paths = {(grp, path) for grp, path, _, _ in g.loops()}
+    assert {("C.i", f"{n}/4") for n in range(4)} <= paths
+    assert {("C.j", f"{n}/4") for n in range(4)} <= paths
+    assert {("C.k", "0/2"), ("C.k", "1/2")} <= paths
+    assert not any("." in path for _, path in paths)
+
+
+def test_pieces_of_a_group_keep_their_order(matmul):
+    g = Graph(matmul)
+    for group, path, _, body in g.loops():
+        if path:
+            index, ways = map(int, path.split("/"))
+            below = {p for grp, p in g.reach(body)[1] if grp == group and p}
+            assert all(int(p.split("/")[0]) > index for p in below), (group, path, below)
+
+
+def test_reorder_moves_the_reduction_outward(matmul):
+    g = Graph(matmul)
+    outer_k = [body for grp, path, _, body in g.loops() if grp == "C.k" and path == ""]
+    assert any(("C.i", "") in g.reach(b)[1] for b in outer_k)
+
+
+def test_extent_one_and_prime_groups_are_not_tiled():
+    sat = saturate(naive("conv2d_nchw"))  # n = 1, C = 3, ry = rx = 3, K = 4
+    facts = facts_of(sat.naive)
+    whole = {facts.group("Y.update", axis) for axis in ("n", "rc", "ry", "rx")}
+    paths = {(grp, path) for grp, path, _, _ in Graph(sat).loops()}
+    assert not any(grp in whole and p for grp, p in paths)
+    assert ("Y.k", "3/4") in paths
+
+
+# ---- vectorize, unroll, parallel -----------------------------------------------------------
+
+
+def test_a_vector_loop_is_innermost_over_the_unit_stride_group(matmul):
+    g = Graph(matmul)
+    vector = [(grp, path, body) for grp, path, kind, body in g.loops() if kind == "vector"]
+    assert vector
+    for grp, path, body in vector:
+        assert grp == "C.j" and path in ("", "3/4")
+        assert not g.reach(body)[1]
+
+
+def test_unrolled_loops_can_hold_the_register_tile(matmul):
+    g = Graph(matmul)
+
+    def register_tile(body):  # some member: blocks and vector or unrolled loops only
+        return any(op == "Body.nil" or op == "Body.cons" and register_tile(kids[1]) and any(
+            o == "block" or o == "loop" and lit[2] in ("vector", "unroll") and register_tile(k[0])
+            for o, lit, k in g.nodes[kids[0]]) for op, _, kids in g.nodes[body])
+
+    unrolled = [body for _, _, kind, body in g.loops() if kind == "unroll"]
+    assert unrolled and all(register_tile(body) for body in unrolled)
+
+
+def test_parallel_only_at_the_root_and_never_over_a_reduction(chain):
+    g = Graph(chain)
+    facts = facts_of(chain.naive)
+    parents = {}
+    for members in g.nodes.values():
+        for op, _, kids in members:
+            for kid in kids:
+                parents.setdefault(kid, set()).add(op)
+    parallel = [(c, lit) for c, members in g.nodes.items() for op, lit, _ in members
+                if op == "loop" and lit[2] == "parallel"]
+    assert parallel
+    for cls, (group, _, _) in parallel:
+        assert parents[cls] == {"Root.rcons"}
+        body = next(kids[0] for op, lit, kids in g.nodes[cls] if lit[2] == "parallel")
+        assert not any(group in facts.reduce_groups[b] for b in g.reach(body)[0])
+
+
+# ---- fuse ----------------------------------------------------------------------------------
+
+
+def test_a_consumer_never_runs_inside_its_producers_reduction(chain):
+    g = Graph(chain)
+    for group, _, _, body in g.loops():
+        if group == "C.k":
+            assert "D" not in g.reach(body)[0]
+    fused = [body for group, _, _, body in g.loops() if group == "C.i"
+             and {"C.update", "D", "F.update"} <= g.reach(body)[0]]
+    assert fused  # the whole chain shares one C.i loop in some program
+
+
+def shifted(offset):
+    X = placeholder((9,), "X")
+    C = compute((9,), lambda i: X[i] * 2.0, "C")
+    if offset is None:  # C[i] and C[8 - i]: joined by the first read, unsafe by the second
+        D = compute((9,), lambda i: C[i] + C[8 - i], "D")
+    else:
+        D = compute((8,), lambda i: C[i] + C[i + offset], "D")
+    return naive_program(Computation("shift", [D]))
+
+
+@pytest.mark.parametrize("offset", [1, None], ids=["neighbour", "mirror"])
+def test_a_consumer_reading_other_points_is_never_fused(offset):
+    prog = shifted(offset)
+    g = Graph(saturate(prog))
+    for _, _, _, body in g.loops():
+        assert not {"C", "D"} <= g.reach(body)[0]
+
+
+def test_the_mirror_read_makes_its_group_unsafe():
+    facts = facts_of(shifted(None))
+    assert unsafe_groups(facts) == {"C.i"} and not fusible(facts)
+
+
+def test_init_and_update_fuse(matmul):
+    g = Graph(matmul)
+    assert any({"C.init", "C.update"} <= g.reach(body)[0] for _, _, _, body in g.loops())
+
+
+# ---- cache_write, inline, pack -------------------------------------------------------------
+
+
+def test_local_tiles_hold_one_stage_and_a_spatial_loop(chain):
+    g = Graph(chain)
+    facts = facts_of(chain.naive)
+    tiles = [(op, kids) for members in g.nodes.values() for op, _, kids in members
+             if op == "cached"]
+    assert tiles
+    for _, (body,) in tiles:
+        blocks, loops = g.reach(body)
+        stages = {facts.stage_of[b] for b in blocks}
+        assert len(stages) == 1
+        spatial = {grp for b in blocks for grp in facts.groups_of(b)} - set().union(
+            *(facts.reduce_groups[b] for b in blocks))
+        assert any(grp in spatial for grp, _ in loops)
+
+
+def test_inline_takes_the_intermediate_above_the_statement_list(chain):
+    g = Graph(chain)
+    inlined = [(lit, kids[0]) for op, lit, kids in g.nodes[g.root] if op == "Root.inlined"]
+    assert [lit for lit, _ in inlined] == [("D",)]
+    assert "D" not in g.reach(inlined[0][1])[0]
+    assert {"C.update", "F.update"} <= g.reach(inlined[0][1])[0]
+
+
+def test_pack_panels_the_operand_along_the_unit_stride_group(chain):
+    g = Graph(chain)
+    packs = {lit for members in g.nodes.values() for op, lit, _ in members if op == "Root.packed"}
+    assert packs == {("C.update", "B", 1), ("F.update", "E", 1)}
