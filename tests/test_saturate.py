@@ -1,0 +1,84 @@
+"""Bounded saturation: stop reasons, rollback, phases, and the report."""
+
+import pytest
+
+from eqsched.egraph.saturate import STOP_REASONS, Limits, enodes, saturate
+from eqsched.ir import naive_program
+from eqsched.workloads import get_workload, list_workloads
+
+
+def naive(name, *size):
+    wl = get_workload(name)
+    return naive_program(wl.build(*(size or wl.small_size)))
+
+
+@pytest.fixture(scope="module")
+def matmul():
+    return saturate(naive("matmul"))
+
+
+@pytest.mark.parametrize("workload", [w.name for w in list_workloads()])
+def test_every_workload_saturates_at_its_small_size(workload):
+    report = saturate(naive(workload)).report
+    assert report.stop_reason == "saturated"
+    assert report.iterations < Limits().iterations and report.seconds < Limits().seconds
+
+
+def test_report(matmul):
+    r = matmul.report
+    assert r.stop_reason in STOP_REASONS and not r.rolled_back
+    assert r.enodes == enodes(matmul.egraph) > 0
+    assert r.eclasses == sum(s["eclasses"] for s in r.sizes_per_sort.values())
+    assert {"Body", "SStmt", "Root", "holds"} <= set(r.sizes_per_sort)
+    assert r.peak_rss_mb > 0 and r.phases == [{"name": "all", "stop_reason": "saturated",
+                                               "iterations": r.iterations}]
+    for name in ("tile", "reorder", "fuse", "vectorize", "unroll", "parallel", "cache_write",
+                 "pack", "contains", "spatial"):
+        assert r.matches_per_rule[name] > 0, name
+    assert r.to_dict()["stop_reason"] == "saturated"
+
+
+def test_inline_matches_where_there_is_an_intermediate():
+    assert saturate(naive("mm_exp_mm")).report.matches_per_rule["inline"] > 0
+
+
+def test_serialized_is_complete_and_rooted(matmul):
+    data = matmul.serialized()
+    ops = [n["op"] for n in data["nodes"].values()]
+    sizes = {str(fn): n for fn, n in matmul.egraph.all_function_sizes()}
+    assert ops.count("loop") == sizes["loop"] and ops.count("Body.cons") == sizes["Body.cons"]
+    root = [n["op"] for n in data["nodes"].values() if n["eclass"] == matmul.root_class]
+    assert "Root.rcons" in root
+
+
+def test_iteration_limit():
+    report = saturate(naive("matmul"), limits=Limits(iterations=2)).report
+    assert (report.stop_reason, report.iterations) == ("iteration_limit", 2)
+
+
+def test_time_limit_stops_after_one_iteration():
+    report = saturate(naive("matmul"), limits=Limits(seconds=0)).report
+    assert (report.stop_reason, report.iterations) == ("time_limit", 1)
+
+
+def test_node_limit_rolls_back_the_overshooting_iteration():
+    full = saturate(naive("matmul")).report.enodes
+    limit = full // 2
+    sat = saturate(naive("matmul"), limits=Limits(enodes=limit))
+    report = sat.report
+    assert report.stop_reason == "node_limit" and report.rolled_back
+    assert report.enodes <= limit and enodes(sat.egraph) == report.enodes
+    assert sat.serialized()["nodes"]  # the rolled-back e-graph is usable
+
+
+def test_phases_run_in_order_to_the_same_fixpoint(matmul):
+    sat = saturate(naive("matmul"), phases=[("tile", ["tile"]), ("rest", None)])
+    assert [p["name"] for p in sat.report.phases] == ["tile", "rest"]
+    assert all(p["stop_reason"] == "saturated" for p in sat.report.phases)
+    assert sat.report.enodes == matmul.report.enodes
+
+
+def test_fewer_rules_fewer_nodes(matmul):
+    assert saturate(naive("matmul"), rules="-reorder").report.enodes < matmul.report.enodes
+    only_tiles = saturate(naive("matmul"), rules=["tile"]).report
+    assert set(only_tiles.matches_per_rule) == {"tile"}
