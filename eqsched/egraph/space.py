@@ -5,13 +5,19 @@ holds the cons list it evaluates to) plus an extent for every piece symbol the c
 uses. Structure and sizes are counted together because kinds constrain sizes: a vector piece has
 8..64 lanes, an unroll piece at most 16 iterations (`term.extent_allowed`).
 
-    class count = {constraint key: structures}  key = {(group, path, vector|unroll|"") of its loops}
-    node count  = children's counts merged key by key (keys unite, counts multiply)
-    programs    = sum over root keys of structures(key) x size assignments(key)
+    node count  = {constraint key: count}   key = {(group, path, vector|unroll|"") of its loops}
+                = children's counts merged key by key (keys unite, counts multiply)
+    class count = its nodes' counts added, then its *settled* groups multiplied out
+    programs    = the root's count (every group is settled at the root)
 
-A key's size assignments are the ordered factorizations of each group's extent down the split
-tree its paths form, every piece's extent allowed for every kind it occurs with; a pack factor is
-any divisor > 1 of the packed dimension. Counts are exact Python ints.
+A group's size assignments are the ordered factorizations of its extent down the split tree its
+paths form, every piece's extent allowed for every kind it occurs with (a piece vectorized in one
+place and serial in another takes the vector constraint); a pack factor is any divisor > 1 of the
+packed dimension. A group is settled at a class when no program uses it outside that class: its
+constraints are complete there, so its assignments multiply the count and its bits leave the key.
+Without settling, the keys at the root are the product of every group's variety (167k keys and
+46 s for a small matmul; 0.7 s with it). Keys are ints, one bit per constraint triple. Counts are
+exact Python ints.
 
 Every program has an index in [0, count): `program(index)` unranks it, `sample` draws indices
 uniformly, `enumerate` walks them. The order depends only on content: nodes are sorted by a hash
@@ -25,9 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from itertools import product
 from typing import Any
@@ -68,8 +75,9 @@ class _Node:
     op: str  # our vocabulary (lang.SERIALIZED_OPS values)
     literals: tuple  # decoded string/int children, in argument order
     children: tuple[Slot, ...]  # the children that carry program structure
-    own: Key  # the constraints this node adds
+    triples: Key  # the constraints this node adds
     digest: str
+    own: int = 0  # the same as a bit set (`Space._bit`)
 
 
 def _constraint(kind: str) -> str:
@@ -111,12 +119,18 @@ class Space:
         self._nodes: dict[str, list[_Node]] = {}
         self._order: list[str] = []  # reachable program classes, children before parents
         self._parse()
-        self._counts: dict[Slot, dict[Key, int]] = {}
-        self._node_counts: dict[int, dict[Key, int]] = {}
-        self._combos: dict[int, dict[Key, list[tuple[tuple[Key, ...], int]]]] = {}
-        self._unions: dict[tuple[Key, Key], Key] = {}
+        self._index_constraints()
+        self._nodes = {cid: [replace(n, own=sum(self._bit[t] for t in n.triples)) for n in nodes]
+                       for cid, nodes in self._nodes.items()}
+        # Counts by constraint key (an int, one bit per triple): per node, per slot before and
+        # after settling groups, and the tables unranking walks.
+        self._node_counts: dict[int, dict[int, int]] = {}
+        self._raw_counts: dict[Slot, dict[int, int]] = {}
+        self._counts: dict[Slot, dict[int, int]] = {}
+        self._structure_counts: dict[Slot, int] = {}
+        self._settle_tables: dict[Slot, dict[int, list[tuple[int, int, int]]]] = {}
+        self._combo_cache: dict[tuple[int, int], list[tuple[tuple[int, ...], int]]] = {}
         self._group_sizes_cache: dict[tuple[str, frozenset], list[dict[str, int]]] = {}
-        self._root_keys: list[tuple[Key, int, int]] | None = None  # (key, structures, sizes)
         # Membership is matched top-down; shared subterms meet shared classes again.
         self._has_body = cache(self._has_body)
         self._has_stmt = cache(self._has_stmt)
@@ -212,31 +226,44 @@ class Space:
             self._nodes[cid] = [_Node(count + i, op, lit, ch, own, d)
                                 for i, (d, op, lit, ch, own) in enumerate(nodes)]
             count += len(nodes)
-        self._digest = digests
 
     # ---- counting --------------------------------------------------------------------------
+
+    def _index_constraints(self) -> None:
+        """Give every constraint triple a bit (in content order) and find, for each class, the
+        groups that no program can use outside it: their sizes are settled there."""
+        triples = sorted({t for nodes in self._nodes.values() for n in nodes for t in n.triples})
+        self._bit = {t: 1 << i for i, t in enumerate(triples)}
+        self._group_mask: dict[str, int] = defaultdict(int)
+        for (group, _, _), bit in self._bit.items():
+            self._group_mask[group] |= bit
+        below: dict[str, set[str]] = {}
+        for cid in self._order:
+            below[cid] = set()
+            for n in self._nodes[cid]:
+                below[cid] |= {t[0] for t in n.triples}
+                for child, _ in n.children:
+                    below[cid] |= below[child]
+        outside: dict[str, set[str]] = defaultdict(set)
+        for cid in reversed(self._order):  # parents before children
+            for n in self._nodes[cid]:
+                around = outside[cid] | {t[0] for t in n.triples}
+                for i, (child, _) in enumerate(n.children):
+                    siblings = [below[c] for j, (c, _) in enumerate(n.children) if j != i]
+                    outside[child] |= around.union(*siblings)
+        self._settled = {cid: sorted(below[cid] - outside[cid]) for cid in self._order}
 
     def _slot_nodes(self, slot: Slot) -> list[_Node]:
         return [n for n in self._nodes[slot[0]] if _allowed(n.op, slot[1])]
 
-    def _union(self, a: Key, b: Key) -> Key:
-        if not a:
-            return b
-        if not b:
-            return a
-        out = self._unions.get((a, b))
-        if out is None:
-            out = self._unions[(a, b)] = a | b
-        return out
-
-    def _merge(self, a: dict[Key, int], b: dict[Key, int]) -> dict[Key, int]:
-        out: dict[Key, int] = defaultdict(int)
+    def _merge(self, a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+        out: dict[int, int] = defaultdict(int)
         for ka, va in a.items():
             for kb, vb in b.items():
-                out[self._union(ka, kb)] += va * vb
-        return dict(out)
+                out[ka | kb] += va * vb
+        return out
 
-    def _count_node(self, node: _Node) -> dict[Key, int]:
+    def _count_node(self, node: _Node) -> dict[int, int]:
         out = self._node_counts.get(node.index)
         if out is None:
             out = {node.own: 1}
@@ -245,30 +272,58 @@ class Space:
             self._node_counts[node.index] = out
         return out
 
-    def _count_slot(self, slot: Slot) -> dict[Key, int]:
-        out = self._counts.get(slot)
+    def _raw_slot(self, slot: Slot) -> dict[int, int]:
+        """Structures of the slot by constraint key, sizes of no group settled here yet."""
+        out = self._raw_counts.get(slot)
         if out is None:
-            acc: dict[Key, int] = defaultdict(int)
+            acc: dict[int, int] = defaultdict(int)
             for node in self._slot_nodes(slot):
                 for key, n in self._count_node(node).items():
                     acc[key] += n
-            out = self._counts[slot] = dict(acc)
+            out = self._raw_counts[slot] = dict(acc)
         return out
 
-    def _roots(self) -> list[tuple[Key, int, int]]:
-        if self._root_keys is None:
-            counts = self._count_slot((self.root_class, PACKS))
-            rows = [(key, n, self._size_count(key)) for key, n in counts.items()]
-            self._root_keys = sorted(rows, key=lambda r: sorted(r[0]))
-        return self._root_keys
+    def _count_slot(self, slot: Slot) -> dict[int, int]:
+        """Programs of the slot by the constraint key of its open groups: the groups settled
+        here are multiplied by their size assignments and leave the key."""
+        out = self._counts.get(slot)
+        if out is None:
+            out = defaultdict(int)
+            for key, n in self._raw_slot(slot).items():
+                open_key, assignments = self._settle(slot, key)
+                if assignments:
+                    out[open_key] += n * assignments
+            out = self._counts[slot] = dict(out)
+        return out
+
+    def _settle(self, slot: Slot, key: int) -> tuple[int, int]:
+        assignments = 1
+        for group in self._settled[slot[0]]:
+            part = key & self._group_mask[group]
+            if part:
+                assignments *= len(self._options(group, part))
+                key &= ~part
+        return key, assignments
+
+    def _options(self, group: str, part: int) -> list[dict[str, int]]:
+        uses = frozenset((p, c) for (g, p, c), bit in self._bit.items() if bit & part)
+        return self._group_sizes(group, uses)
+
+    def _structures(self, slot: Slot) -> int:
+        out = self._structure_counts.get(slot)
+        if out is None:
+            out = sum(math.prod(self._structures(c) for c in n.children)
+                      for n in self._slot_nodes(slot))
+            self._structure_counts[slot] = out
+        return out
 
     def count(self) -> int:
         """The number of distinct programs: structures x tile-size assignments."""
-        return sum(n * sizes for _, n, sizes in self._roots())
+        return self._count_slot((self.root_class, PACKS)).get(0, 0)
 
     def count_structures(self) -> int:
         """The number of distinct structures, sizes ignored."""
-        return sum(n for _, n, _ in self._roots())
+        return self._structures((self.root_class, PACKS))
 
     # ---- sizes -----------------------------------------------------------------------------
 
@@ -278,12 +333,6 @@ class Space:
         for group, path, kind in key:
             by_group[group].add((path, kind))
         return [(g, self._group_sizes(g, frozenset(by_group[g]))) for g in sorted(by_group)]
-
-    def _size_count(self, key: Key) -> int:
-        total = 1
-        for _, options in self._size_lists(key):
-            total *= len(options)
-        return total
 
     def _group_sizes(self, group: str, uses: frozenset) -> list[dict[str, int]]:
         cached = self._group_sizes_cache.get((group, uses))
@@ -342,63 +391,77 @@ class Space:
         return [{p: e for p, e in full.items() if p in used}
                 for full in expand("", self.facts.extents[group])]
 
-    def _sizes(self, key: Key, index: int) -> Sizes:
-        sizes: Sizes = {}
-        for group, options in reversed(self._size_lists(key)):
-            index, pick = divmod(index, len(options))
-            for path, extent in options[pick].items():
-                sizes[(group, path)] = extent
-        return dict(sorted(sizes.items()))
-
     # ---- programs by index -----------------------------------------------------------------
 
-    def _combos_for(self, node: _Node, key: Key) -> list[tuple[tuple[Key, ...], int]]:
-        """The children's keys that unite (with the node's own) into `key`, with weights."""
-        table = self._combos.get(node.index)
+    def _settling(self, slot: Slot, open_key: int) -> list[tuple[int, int, int]]:
+        """(raw key, programs, size assignments) of the slot's raw keys that settle into
+        `open_key`, in key order."""
+        table = self._settle_tables.get(slot)
         if table is None:
             table = defaultdict(list)
-            child_counts = [self._count_slot(c) for c in node.children]
-            ordered = [sorted(c, key=sorted) for c in child_counts]
-            for keys in product(*ordered):
-                whole = node.own
-                weight = 1
-                for k, counts in zip(keys, child_counts):
-                    whole = self._union(whole, k)
-                    weight *= counts[k]
-                table[whole].append((keys, weight))
-            self._combos[node.index] = table
-        return table[key]
+            for key, n in sorted(self._raw_slot(slot).items()):
+                settled, assignments = self._settle(slot, key)
+                if assignments:
+                    table[settled].append((key, n * assignments, assignments))
+            self._settle_tables[slot] = table
+        return table[open_key]
 
-    def _unrank_slot(self, slot: Slot, key: Key, index: int) -> Any:
-        for node in self._slot_nodes(slot):
-            n = self._count_node(node).get(key, 0)
+    def _combos(self, node: _Node, key: int) -> list[tuple[tuple[int, ...], int]]:
+        """The children's keys that unite (with the node's own) into `key`, with weights."""
+        found = self._combo_cache.get((node.index, key))
+        if found is None:
+            counts = [self._count_slot(c) for c in node.children]
+            subsets = [sorted(k for k in c if not k & ~key) for c in counts]
+            found = []
+            for keys in product(*subsets):
+                whole = node.own
+                for k in keys:
+                    whole |= k
+                if whole == key:
+                    found.append((keys, math.prod(c[k] for c, k in zip(counts, keys))))
+            self._combo_cache[(node.index, key)] = found
+        return found
+
+    def _unrank_slot(self, slot: Slot, key: int, index: int, sizes: Sizes) -> Any:
+        for raw_key, n, assignments in self._settling(slot, key):
             if index < n:
-                return self._unrank_node(node, key, index)
+                index, pick = divmod(index, assignments)
+                for group in self._settled[slot[0]]:
+                    part = raw_key & self._group_mask[group]
+                    if part:
+                        options = self._options(group, part)
+                        pick, choice = divmod(pick, len(options))
+                        sizes.update(((group, p), e) for p, e in options[choice].items())
+                return self._unrank_raw(slot, raw_key, index, sizes)
             index -= n
         raise AssertionError(f"index past the end of class {slot}")
 
-    def _unrank_node(self, node: _Node, key: Key, index: int) -> Any:
-        for keys, weight in self._combos_for(node, key):
+    def _unrank_raw(self, slot: Slot, key: int, index: int, sizes: Sizes) -> Any:
+        for node in self._slot_nodes(slot):
+            n = self._count_node(node).get(key, 0)
+            if index < n:
+                return self._unrank_node(node, key, index, sizes)
+            index -= n
+        raise AssertionError(f"index past the end of class {slot}")
+
+    def _unrank_node(self, node: _Node, key: int, index: int, sizes: Sizes) -> Any:
+        for keys, weight in self._combos(node, key):
             if index < weight:
                 break
             index -= weight
         values = []
         for child, k in zip(node.children, keys):
             index, sub = divmod(index, self._count_slot(child)[k])
-            values.append(self._unrank_slot(child, k, sub))
+            values.append(self._unrank_slot(child, k, sub, sizes))
         return _build(node, values)
 
     def program(self, index: int) -> tuple[Term, Sizes]:
         """The program with this index in [0, count()), in the space's content-based order."""
         if not 0 <= index < self.count():
             raise SpaceError(f"program index {index} is outside [0, {self.count()})")
-        for key, n, sizes in self._roots():
-            if index < n * sizes:
-                structure, assignment = divmod(index, sizes)
-                packs, inlined, body = self._unrank_slot((self.root_class, PACKS), key, structure)
-                return Term(body, inlined, packs), self._sizes(key, assignment)
-            index -= n * sizes
-        raise AssertionError("unreachable: index checked against count()")
+        sizes: Sizes = {}
+        packs, inlined, body = self._unrank_slot((self.root_class, PACKS), 0, index, sizes)
+        return Term(body, inlined, packs), dict(sorted(sizes.items()))
 
     def sample(self, n: int, seed: int = 0) -> list[tuple[Term, Sizes]]:
         """`n` programs drawn independently and uniformly (with replacement)."""
@@ -484,9 +547,8 @@ class Space:
         names = {cid: f"c{i}" for i, cid in enumerate(reversed(self._order))}
         classes = {}
         for cid in reversed(self._order):
-            counts = self._count_slot((cid, 0))
             classes[names[cid]] = {
-                "structures": sum(counts.values()),
+                "structures": self._structures((cid, 0)),
                 "nodes": [{"op": n.op, "literals": list(n.literals),
                            "children": [names[c] for c, _ in n.children]}
                           for n in self._nodes[cid]],
