@@ -38,6 +38,8 @@ reg_tile = relation("reg_tile", Body)  # blocks and vector/unroll loops only
 unit_stride = relation("unit_stride", Body, String)  # blocks storing unit-stride along g
 s_tiles = relation("s_tiles", SStmt, String)  # has a loop over a spatial group of stage st
 tiles = relation("tiles", Body, String)
+s_covers = relation("s_covers", SStmt, String)  # all pieces of reduce group g are inside
+covers = relation("covers", Body, String)
 s_lacks = relation("s_lacks", SStmt, String)  # no block of plain stage st inside
 lacks = relation("lacks", Body, String)
 alone = relation("alone", Root, String)  # one statement of the root list is st's nest alone
@@ -262,3 +264,29 @@ class Alone(Rule):
             rule(eq_(r, Root.rcons(h, rest)), s_only(h, st)).then(alone(r, st)),
             rule(eq_(r, Root.rcons(h, rest)), alone(rest, st)).then(alone(r, st)),
         ]
+
+
+@register
+class Covers(Rule):
+    """covers(body, r): every loop over the reduce group r is inside body: it holds the whole
+    loop or the outermost piece (the other pieces keep their order, so they are inside that one).
+    The same for every member of a class (tiling swaps the whole loop for its outermost piece).
+
+        loop(C.k, "0/2", k, b) -> s_covers(C.k);  cons(h, t) with covers(t, C.k) -> covers(C.k)
+    """
+
+    name = "covers"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        from .tile import levels
+
+        out = []
+        for group in sorted(reduce_groups(facts)):
+            for path in ("", f"0/{levels(facts, group)}"):
+                out.append(rule(eq_(s, loop(String(group), String(path), k, b)))
+                           .then(s_covers(s, String(group))))
+        return out + [
+            rule(eq_(b, Body.cons(h, t)), s_covers(h, a)).then(covers(b, a)),
+            rule(eq_(b, Body.cons(h, t)), covers(t, a)).then(covers(b, a)),
+        ] + _pass_up(s_covers, covers, a)

@@ -8,7 +8,7 @@ from egglog import String, rewrite
 from ..egraph.facts import Facts
 from ..egraph.lang import Body, Kind, Root, append, loop
 from ..expr import Var, loads
-from .analysis import h, holds, p, reduce_groups, rest, spatial, t, x, y
+from .analysis import h, holds, p, reduce_groups, rest, spatial, t, uncached, x, y
 from .base import Rule, register
 
 
@@ -59,19 +59,20 @@ class Fuse(Rule):
           -> cons(loop(C.i, p, serial, append(x, y)), t)            (and the same at the root)
 
     Never along a group that an accumulating block in x reduces over: a consumer inside the
-    producer's reduction loop would read partial sums. `append` evaluates by rewrites, so every
+    producer's reduction loop would read partial sums. Not when x or y is a local tile (a cached
+    statement stays the only child of its loop). `append` evaluates by rewrites, so every
     fused body also exists as a plain cons list.
     """
 
     name = "fuse"
-    requires = ("contains", "spatial")
+    requires = ("contains", "spatial", "nesting")
 
     def rewrites(self, facts: Facts) -> list:
         out = []
         reducing = reduce_groups(facts)
         for first, second, group in sorted(fusible(facts)):
             gr, serial = String(group), Kind.serial()
-            guards = (holds(x, String(first)), holds(y, String(second)))
+            guards = (holds(x, String(first)), holds(y, String(second)), uncached(x), uncached(y))
             guards += (spatial(x, gr),) if group in reducing else ()
             out.append(
                 rewrite(Body.cons(loop(gr, p, serial, x), Body.cons(loop(gr, p, serial, y), t)))

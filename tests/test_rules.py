@@ -253,7 +253,7 @@ def test_init_and_update_fuse(matmul):
 # ---- cache_write, inline, pack -------------------------------------------------------------
 
 
-def test_local_tiles_hold_one_stage_and_a_spatial_loop(chain):
+def test_local_tiles_hold_one_stage_a_spatial_loop_and_the_whole_reduction(chain):
     g = Graph(chain)
     facts = facts_of(chain.naive)
     tiles = [(op, kids) for members in g.nodes.values() for op, _, kids in members
@@ -263,9 +263,12 @@ def test_local_tiles_hold_one_stage_and_a_spatial_loop(chain):
         blocks, loops = g.reach(body)
         stages = {facts.stage_of[b] for b in blocks}
         assert len(stages) == 1
-        spatial = {grp for b in blocks for grp in facts.groups_of(b)} - set().union(
-            *(facts.reduce_groups[b] for b in blocks))
+        reduce = set().union(*(facts.reduce_groups[b] for b in blocks))
+        spatial = {grp for b in blocks for grp in facts.groups_of(b)} - reduce
         assert any(grp in spatial for grp, _ in loops)
+        # every reduce loop is inside the tile: its whole loop or its outermost piece
+        assert all(any(grp == r and path in ("", "0/2", "0/4") for grp, path in loops)
+                   for r in reduce)
 
 
 def test_inline_takes_the_intermediate_above_the_statement_list(chain):
