@@ -6,23 +6,27 @@ from egglog import String, rewrite
 
 from ..egraph.facts import Facts
 from ..egraph.lang import Body, Kind, cached, loop
-from .analysis import b, covers, g, holds, only, p, tiles, uncached
+from ..egraph.term import split_path
+from .analysis import b, covers, holds, only, tiles, uncached
 from .base import Rule, register
+from .tile import levels, tiled
 
 
 @register
 class CacheWrite(Rule):
-    """Accumulate stage S in a local tile under a loop whose body holds S's update and nothing
-    of another stage, and has a loop over a spatial group of S (the tile is not empty).
+    """Accumulate stage S in a local tile anchored at S's unit-stride store group (C.j): at its
+    second piece "1/4" when tiled (Ansor's SSRSRS puts the accumulator above the first reduce
+    level), at the whole loop when not. The anchor's body holds S's update and nothing of another
+    stage, has a loop over a spatial group of S, and covers every reduce loop of S (a tile inside
+    the reduction would be reset at every step).
 
         loop(C.j, "1/4", serial, [loop(C.k, "0/2", ..., [C.update])])
           -> loop(C.j, "1/4", serial, [cached(C, [loop(C.k, "0/2", ..., [C.update])])])
 
-    The body covers every reduce loop of S: a tile inside the reduction would be reset at every
-    step. At serial loops only (the parallel and unrolled forms of the loop share its class, and
-    an unrolled loop stays around the register tile). `uncached` is existential over the body's
-    class, so an extraction may still nest two tiles of one stage: the space must take at most
-    one cached per stage.
+    One anchor symbol per stage makes two nested tiles of a stage impossible in any program (a
+    guard such as "no tile inside" holds for some member of a class, not for all; `uncached`
+    only keeps the rule from wrapping its own result again).
+    At serial loops only (the parallel and unrolled forms of the loop share its class).
     """
 
     name = "cache_write"
@@ -31,13 +35,14 @@ class CacheWrite(Rule):
     def rewrites(self, facts: Facts) -> list:
         out = []
         for name, blk in sorted(facts.blocks.items()):
-            if blk.reduce is None:
+            anchor = facts.store_inner_group[name]
+            if blk.reduce is None or anchor is None or anchor in facts.reduce_groups[name]:
                 continue
+            path = split_path("", 1, levels(facts, anchor)) if tiled(facts.extents[anchor]) else ""
+            at = (String(anchor), String(path), Kind.serial())
             stage = String(blk.stage)
             whole = [covers(b, String(group)) for group in sorted(facts.reduce_groups[name])]
-            out.append(
-                rewrite(loop(g, p, Kind.serial(), b))
-                .to(loop(g, p, Kind.serial(), Body.cons(cached(stage, b), Body.nil())),
-                    holds(b, String(name)), only(b, stage), uncached(b), tiles(b, stage),
-                    *whole))
+            out.append(rewrite(loop(*at, b)).to(
+                loop(*at, Body.cons(cached(stage, b), Body.nil())),
+                holds(b, String(name)), only(b, stage), tiles(b, stage), uncached(b), *whole))
         return out

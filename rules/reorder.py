@@ -6,7 +6,7 @@ from egglog import String, ne, relation, rewrite, rule, var
 
 from ..egraph.facts import Facts
 from ..egraph.lang import Body, Kind, loop
-from .analysis import g, p, y
+from .analysis import g, p, uncached, y
 from .base import Rule, register
 
 g2, p2 = var("g2", String), var("p2", String)
@@ -23,10 +23,12 @@ class Reorder(Rule):
     Pieces of one group never pass each other (they keep their outer -> inner order, which bounds
     the classes of a nest). Annotated loops do not move: a vector loop stays innermost, a
     parallel one at the root; unrolling is decided after the order (both forms share a class).
-    Loops of extent 1 stay where they are: moving them gives the same program.
+    Loops of extent 1 stay where they are: moving them gives the same program. The loop around a
+    local tile stays its anchor (nothing moves in between).
     """
 
     name = "reorder"
+    requires = ("nesting",)
 
     def rewrites(self, facts: Facts) -> list:
         serial = Kind.serial()
@@ -35,5 +37,5 @@ class Reorder(Rule):
         return [rule().then(*groups)] * bool(groups) + [
             rewrite(loop(g, p, serial, Body.cons(loop(g2, p2, serial, y), Body.nil())))
             .to(loop(g2, p2, serial, Body.cons(loop(g, p, serial, y), Body.nil())),
-                ne(g).to(g2), movable(g), movable(g2)),
+                ne(g).to(g2), movable(g), movable(g2), uncached(y)),
         ]

@@ -110,7 +110,7 @@ def test_default_set_is_the_transformation_families_plus_their_analysis():
 
 def test_resolve_edits_names_and_objects():
     assert "pack" not in [r.name for r in resolve("-pack")]
-    assert [r.name for r in resolve(["tile", "reorder"])] == ["tile", "reorder"]
+    assert [r.name for r in resolve(["tile", "reorder"])] == ["tile", "reorder", "nesting"]
     assert [r.name for r in resolve("tile,+vectorize")][:2] == ["tile", "vectorize"]
     assert "nesting" in [r.name for r in resolve("tile,+vectorize")]  # vectorize's guards
 
