@@ -266,7 +266,9 @@ def _sample_rows(space: Any, n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def _cmd_space(args: argparse.Namespace) -> int:
-    from .egraph.saturate import saturate  # loads the rule modules: only for this command
+    # The rule modules load only for this command.
+    from .egraph.saturate import saturate
+    from .rules import RuleError
 
     if args.sample < 0:
         raise CliError(f"--sample must be >= 0, got {args.sample}")
@@ -275,7 +277,10 @@ def _cmd_space(args: argparse.Namespace) -> int:
     naive = naive_program(wl.build(*size))
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     limits = parse_limits(args.limits)
-    sat = saturate(naive, rules, limits)
+    try:
+        sat = saturate(naive, rules, limits)
+    except RuleError as err:
+        raise CliError(str(err)) from None
     started = time.perf_counter()
     space = Space(sat)
     programs, structures = space.count(), space.count_structures()
