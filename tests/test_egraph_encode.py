@@ -88,3 +88,16 @@ def test_a_loop_that_is_no_piece_of_a_naive_loop_is_refused_by_name():
     renamed = replace(prog.body[0], name="C.tile")
     with pytest.raises(EncodeError, match="loop C.tile: not a piece of a naive loop"):
         encode(prog.with_body((renamed,) + prog.body[1:]))
+
+
+def test_a_tile_that_copies_in_its_accumulator_drops_both_copy_nests():
+    # No init inside the tile: cache_write adds a C.read nest (local = C) besides C.write.
+    sch = Schedule(matmul())
+    sch.split("C.j", [-1, 8])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.cache_write("C.update", at="C.j.0")
+    assert "C.read" in sch.program.text()
+    term, sizes = encode(sch.program)
+    assert show(term) == ("C.i[]{C.j[]{C.init}} ; "
+                          "C.i[]{C.j[0/2]{cached:C{C.k[]{C.j[1/2]{C.update}}}}}")
+    assert sizes[("C.j", "1/2")] == 8

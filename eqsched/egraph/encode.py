@@ -110,11 +110,9 @@ class _Encoder:
         if not alloc.buffer.endswith(LOCAL_SUFFIX):
             raise EncodeError(f"alloc {alloc.buffer}: not a cache_write tile")
         stage = alloc.buffer[: -len(LOCAL_SUFFIX)]
-        copies = {f"{stage}.read", f"{stage}.write"}
         inside = []
         for n in alloc.body:
-            names = {b.name for b, _ in walk((n,)) if isinstance(b, Block)}
-            if not names & copies:
+            if not any(_tile_copy(b) for b, _ in walk((n,)) if isinstance(b, Block)):
                 inside.append(self._stmt(n))
         return Cached(stage, tuple(inside))
 
@@ -142,8 +140,9 @@ class _Encoder:
         return self.groups[base], suffix_to_path(suffix, tuple(arities))
 
     def _binding_of(self, loop: Loop) -> Binding:
-        """The binding of the axis the loop iterates, in the first block under it."""
-        for blk in (n for n, _ in walk(loop.body) if isinstance(n, Block)):
+        """The binding of the axis the loop iterates, in the first block under it that is not a
+        tile copy (a copy's axes also run over its own copy loops, which the term omits)."""
+        for blk in (n for n, _ in walk(loop.body) if isinstance(n, Block) and not _tile_copy(n)):
             for b in blk.bindings:
                 if any(lp == loop.name for lp, _ in b.terms):
                     return b
@@ -167,6 +166,11 @@ class _Encoder:
         factor = self.prog.buffer(copy.buffer).shape[-1]
         self._record(pack_symbol(source.buffer), factor, f"pack {copy.name}")
         return PackRef(readers[0], source.buffer, dims[0])
+
+
+def _tile_copy(blk: Block) -> bool:
+    """The copy-in / copy-out blocks `cache_write` adds around a local tile."""
+    return blk.name in (f"{blk.stage}.read", f"{blk.stage}.write")
 
 
 __all__ = ["EncodeError", "encode", "naive_loop_groups", "parse_loop"]
