@@ -116,7 +116,7 @@ def brute_force(sp: Space) -> set:
                 for head, tail in product(choices(ch[0]), choices(ch[1])):
                     if op == "cons":
                         yield (head,) + tail
-                    elif not tail[0] and not tail[1]:  # statements come last in a root list
+                    elif not tail[1]:  # inlined stages come before the statements
                         yield tail[0], tail[1], (head,) + tail[2]
             elif op == "loop":
                 for body in choices(ch[3]):
@@ -126,11 +126,11 @@ def brute_force(sp: Space) -> set:
                     yield Cached(leaf(ch[0]), body)
             elif op == "packed":
                 for p, i, b in choices(ch[3]):
-                    yield (PackRef(leaf(ch[0]), leaf(ch[1]), leaf(ch[2])),) + p, i, b
+                    if not i and not b:  # packs are the tail of a root list
+                        yield (PackRef(leaf(ch[0]), leaf(ch[1]), leaf(ch[2])),) + p, i, b
             elif op == "inlined":
                 for p, i, b in choices(ch[1]):
-                    if not p:
-                        yield p, (leaf(ch[0]),) + i, b
+                    yield p, (leaf(ch[0]),) + i, b
 
     def valid(term, sizes):
         for s, _ in walk(term.body):

@@ -107,12 +107,13 @@ def stmt_expr(s: Stmt) -> SStmt:
 
 
 def root_expr(term: Term) -> Root:
-    """The egglog expression of a term (packs outermost, then inlines, then the statements)."""
+    """The egglog expression of a term, spelled as the rules write it: inlined stages first, then
+    the statements, then the packs at the tail of the list (where a pack cannot make a cycle)."""
     out = Root.rnil()
+    for p in reversed(term.packs):
+        out = Root.packed(p.block, p.buffer, p.dim, out)
     for s in reversed(term.body):
         out = Root.rcons(stmt_expr(s), out)
     for stage in reversed(term.inlined):
         out = Root.inlined(stage, out)
-    for p in reversed(term.packs):
-        out = Root.packed(p.block, p.buffer, p.dim, out)
     return out

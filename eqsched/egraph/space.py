@@ -23,8 +23,9 @@ Every program has an index in [0, count): `program(index)` unranks it, `sample` 
 uniformly, `enumerate` walks them. The order depends only on content: nodes are sorted by a hash
 of their op, literals and children's hashes, never by egglog's ids (they vary run to run).
 
-The root list is read in one spelling, the one `lang.root_expr` writes: packs outermost, then
-inlined stages, then the statements; any other interleaving would spell a Term twice.
+The root list is read in one spelling, the one the rules write and `lang.root_expr` mirrors:
+inlined stages first, then the statements, then the packs at its tail; any other interleaving
+would spell a Term twice.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from .term import (
 Key = frozenset  # of (group, path, constraint); a pack is ("pack:" + buffer, "", "pack:<dim>")
 Slot = tuple[str, int]  # (e-class, root phase); the phase is 0 outside the root list
 
-PACKS, INLINES, STMTS = 0, 1, 2  # what a root-list class may still hold, outermost first
+INLINES, STMTS, PACKS = 0, 1, 2  # the part of the root list a class may start in, in order
 PROGRAM_OPS = {"nil", "cons", "loop", "block", "cached", "rnil", "rcons", "inlined", "packed"}
 EMPTY: Key = frozenset()
 
@@ -87,10 +88,10 @@ def _constraint(kind: str) -> str:
 
 
 def _allowed(op: str, phase: int) -> bool:
-    if op == "packed":
-        return phase == PACKS
     if op == "inlined":
-        return phase <= INLINES
+        return phase == INLINES
+    if op == "rcons":
+        return phase <= STMTS
     return True
 
 
@@ -319,11 +320,11 @@ class Space:
 
     def count(self) -> int:
         """The number of distinct programs: structures x tile-size assignments."""
-        return self._count_slot((self.root_class, PACKS)).get(0, 0)
+        return self._count_slot((self.root_class, INLINES)).get(0, 0)
 
     def count_structures(self) -> int:
         """The number of distinct structures, sizes ignored."""
-        return self._structures((self.root_class, PACKS))
+        return self._structures((self.root_class, INLINES))
 
     # ---- sizes -----------------------------------------------------------------------------
 
@@ -460,7 +461,7 @@ class Space:
         if not 0 <= index < self.count():
             raise SpaceError(f"program index {index} is outside [0, {self.count()})")
         sizes: Sizes = {}
-        packs, inlined, body = self._unrank_slot((self.root_class, PACKS), 0, index, sizes)
+        packs, inlined, body = self._unrank_slot((self.root_class, INLINES), 0, index, sizes)
         return Term(body, inlined, packs), dict(sorted(sizes.items()))
 
     def sample(self, n: int, seed: int = 0) -> list[tuple[Term, Sizes]]:
@@ -489,7 +490,7 @@ class Space:
             mine = {path: extent for (g, path), extent in sizes.items() if g == group}
             if mine not in options:
                 return False
-        return self._has_root(self.root_class, PACKS, term.packs, term.inlined, term.body)
+        return self._has_root(self.root_class, INLINES, term.packs, term.inlined, term.body)
 
     def contains_program(self, prog: Program) -> bool:
         from .encode import encode
@@ -499,18 +500,18 @@ class Space:
     def _has_root(self, cid: str, phase: int, packs: tuple, inlined: tuple, body: tuple) -> bool:
         for node in self._slot_nodes((cid, phase)):
             child = node.children[0][0] if node.children else None
-            if node.op == "packed" and packs:
+            if node.op == "inlined" and inlined:
+                if node.literals == (inlined[0],) and self._has_root(
+                        child, INLINES, packs, inlined[1:], body):
+                    return True
+            elif node.op == "rcons" and not inlined and body:
+                if self._has_stmt(child, body[0]) and self._has_root(
+                        node.children[1][0], STMTS, packs, (), body[1:]):
+                    return True
+            elif node.op == "packed" and packs and not (inlined or body):
                 p = packs[0]
                 if node.literals == (p.block, p.buffer, p.dim) and self._has_root(
-                        child, PACKS, packs[1:], inlined, body):
-                    return True
-            elif node.op == "inlined" and not packs and inlined:
-                if node.literals == (inlined[0],) and self._has_root(
-                        child, INLINES, (), inlined[1:], body):
-                    return True
-            elif node.op == "rcons" and not packs and not inlined and body:
-                if self._has_stmt(child, body[0]) and self._has_root(
-                        node.children[1][0], STMTS, (), (), body[1:]):
+                        child, PACKS, packs[1:], (), ()):
                     return True
             elif node.op == "rnil" and not (packs or inlined or body):
                 return True
