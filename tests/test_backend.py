@@ -89,8 +89,7 @@ def test_every_workload_naive_program_matches_the_reference(workload):
     comp = workload.build(*workload.small_size)
     prog = naive_program(comp)
     inputs = random_inputs(comp, seed=1)
-    outputs = {buf.name: np.empty(buf.shape, np.float32) for buf in prog.outputs}
-    run(prog, *(inputs[buf.name] for buf in prog.inputs), *outputs.values())
+    outputs = compile_program(prog).run(inputs)
     ok, _, message = compare(outputs, reference(comp, inputs), tolerance(comp))
     assert ok, message
 
@@ -378,3 +377,16 @@ def test_options_are_checked():
         CompileOptions(opt_level=4)
     with pytest.raises(BackendError, match="threads"):
         CompileOptions(threads=0)
+
+
+def test_run_takes_named_inputs_and_starts_outputs_as_nan():
+    a = te.placeholder((4, 8), "A")
+    half = te.compute((2, 8), lambda i, j: a[i, j] * 2.0, "H")  # writes only the first 2 rows
+    prog = naive_program(te.Computation("half", [half]))
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    out = compile_program(prog).run({"A": x})
+    assert list(out) == ["H"] and out["H"].ctypes.data % 64 == 0
+    np.testing.assert_array_equal(out["H"], x[:2] * 2)
+    partial = replace(prog, buffers=tuple(
+        replace(b, shape=(3, 8)) if b.name == "H" else b for b in prog.buffers))
+    assert np.isnan(compile_program(partial).run({"A": x})["H"][2]).all()

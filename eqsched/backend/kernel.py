@@ -62,6 +62,16 @@ class Kernel:
             self._steps.append((proto(engine.get_function_address(seg.function)),
                                 seg.parallel_extent))
 
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run on named inputs into fresh, aligned outputs, returned by name. Outputs start as
+        NaN, so a point the kernel never writes cannot pass a comparison."""
+        outputs = {}
+        for b in self.program.outputs:
+            outputs[b.name] = aligned_empty(b.shape)
+            outputs[b.name].fill(np.nan)
+        self(*(inputs[b.name] for b in self.program.inputs), *outputs.values())
+        return outputs
+
     def __call__(self, *arrays: np.ndarray) -> None:
         ptrs = self._pointers(arrays) + self._intermediate_ptrs
         for fn, extent in self._steps:
