@@ -94,8 +94,9 @@ def _run(job: _Job) -> Measurement:
     kernel = compile_program(prog, job.options)
     info: dict[str, Any] = {"backend": kernel.info, "machine": machine.describe()}
     inputs, expected = _inputs_and_reference(prog, job.seed, job.check)
-    args = {b.name: inputs[b.name].copy() for b in prog.inputs}  # a stray store must not poison
-    outputs = kernel.run(args)                                     # the cached inputs
+    # Copies: a stray store by the kernel must not poison the cached inputs.
+    args = {b.name: inputs[b.name].copy() for b in prog.inputs}
+    outputs = kernel.run(args)
     run = [*args.values(), *outputs.values()]
     result = Measurement(correct=None, info=info)
     if expected is not None:
