@@ -3,6 +3,7 @@ uniform and deterministic sampling, membership, size constraints, cycles, export
 
 import json
 import math
+import random
 from collections import Counter
 from dataclasses import dataclass
 from itertools import product
@@ -331,3 +332,21 @@ def test_only_vector_and_unroll_constrain_extents():
     # The space counts serial and parallel loops under one key; that is exact only while these
     # kinds accept every extent.
     assert all(extent_allowed(k, e) for k in ("serial", "parallel") for e in range(1, 4097))
+
+
+def test_a_walk_reaches_members_of_the_space(space):
+    rng = random.Random(3)
+    found = 0
+    for _ in range(40):
+        term = space.walk(lambda slot, choices: rng.choice(choices))
+        options = space.size_options(term)
+        if all(opts for _, opts in options):
+            sizes = {(g, p): e for g, opts in options for p, e in rng.choice(opts).items()}
+            assert space.contains(term, sizes)
+            found += 1
+    assert found > 0
+
+
+def test_a_walk_that_always_takes_the_first_choice_is_deterministic(space):
+    first = space.walk(lambda slot, choices: choices[0])
+    assert first == space.walk(lambda slot, choices: choices[0])

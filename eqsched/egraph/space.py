@@ -35,6 +35,7 @@ import json
 import math
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from itertools import product
@@ -540,6 +541,32 @@ class Space:
                                                                      stmt.body):
                     return True
         return False
+
+    # ---- walking: structures chosen node by node, for searches that never count ----------
+
+    @property
+    def root_slot(self) -> Slot:
+        return (self.root_class, INLINES)
+
+    def choices(self, slot: Slot) -> list[_Node]:
+        """The nodes a program may take at `slot`, in the space's content-based order."""
+        return self._slot_nodes(slot)
+
+    def walk(self, pick: Callable[[Slot, list[_Node]], _Node]) -> Term:
+        """The structure made by choosing, top-down, the node `pick(slot, choices)` at every slot
+        the walk reaches (the e-graph is acyclic, so every walk ends)."""
+
+        def visit(slot: Slot) -> Any:
+            node = pick(slot, self._slot_nodes(slot))
+            return _build(node, [visit(child) for child in node.children])
+
+        packs, inlined, body = visit(self.root_slot)
+        return Term(body, inlined, packs)
+
+    def size_options(self, term: Term) -> list[tuple[str, list[dict[str, int]]]]:
+        """Per dimension group the term uses (sorted), every valid {path: extent} assignment;
+        a group with no valid assignment has an empty list (the structure has no program)."""
+        return self._size_lists(_key_of(term))
 
     # ---- export ----------------------------------------------------------------------------
 
