@@ -11,6 +11,7 @@ becomes a `Measurement` with an `error` and the caller goes on; the next call st
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import signal
 import statistics
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -61,6 +62,7 @@ class _Job:
     warmup: int
     seed: int
     check: bool
+    time_budget_s: float | None = None
 
 
 class _WorkerLost(Exception):
@@ -104,12 +106,22 @@ def _run(job: _Job) -> Measurement:
         result.correct, result.max_err, result.check_message = ok, max_err, message
         if not ok:
             return result
+    # A slow candidate should not eat the exploration's budget: past `time_budget_s` of warmup
+    # and timing, stop (keeping at least one timed run).
+    spent, budget = 0.0, job.time_budget_s if job.time_budget_s is not None else math.inf
     for _ in range(job.warmup):
+        if spent > budget:
+            break
+        start = time.perf_counter()
         kernel(*run)
+        spent += time.perf_counter() - start
     for _ in range(job.repeats):
+        if result.times and spent > budget:
+            break
         start = time.perf_counter()
         kernel(*run)
         result.times.append(time.perf_counter() - start)
+        spent += result.times[-1]
     if result.times:
         result.median_s = statistics.median(result.times)
         result.min_s = min(result.times)
@@ -196,8 +208,9 @@ def _exit_reason(code: int | None) -> str:
     return f"exit code {code}"
 
 
-_worker: _Worker | None = None
-_worker_lock = threading.Lock()
+_workers: dict[int, _Worker] = {}
+_locks: dict[int, threading.Lock] = defaultdict(threading.Lock)
+_pool_lock = threading.Lock()
 
 
 def measure(
@@ -209,24 +222,31 @@ def measure(
     seed: int = 0,
     check: bool = True,
     options: CompileOptions | None = None,
+    time_budget_s: float | None = None,
+    worker: int = 0,
 ) -> Measurement:
     """Compile `prog`, check it against the reference (before any timing), time `repeats` calls.
 
-    Runs in the persistent worker process; `timeout_s` bounds the whole job (compile, reference,
-    check, timing). Never raises for a bad program: failures come back as `error`.
+    Runs in persistent worker process number `worker` (callers measuring from several threads
+    use one number each); `timeout_s` bounds the whole job (compile, reference, check, timing).
+    Warmup and timing stop early once they have taken `time_budget_s` (at least one call is
+    timed). Never raises for a bad program: failures come back as `error`.
     """
-    global _worker
     if repeats < 0 or warmup < 0:
         raise ValueError(f"repeats and warmup must be >= 0, got {repeats} and {warmup}")
-    job = _Job(prog, options, repeats, warmup, seed, check)
-    settings = {"repeats": repeats, "warmup": warmup, "seed": seed, "timeout_s": timeout_s}
-    with _worker_lock:
-        if _worker is None or not _worker.alive():
-            _worker = _Worker()
+    job = _Job(prog, options, repeats, warmup, seed, check, time_budget_s)
+    settings = {"repeats": repeats, "warmup": warmup, "seed": seed, "timeout_s": timeout_s,
+                "time_budget_s": time_budget_s}
+    with _pool_lock:
+        lock = _locks[worker]
+    with lock:
+        current = _workers.get(worker)
+        if current is None or not current.alive():
+            current = _workers[worker] = _Worker()
         try:
-            result = _worker.ask(job, timeout_s)
+            result = current.ask(job, timeout_s)
         except _WorkerLost as lost:
-            _worker = None
+            del _workers[worker]
             result = Measurement(correct=False, error=str(lost))
     result.info.setdefault("machine", machine.facts())
     result.info["settings"] = settings
@@ -236,12 +256,11 @@ def measure(
 
 @atexit.register
 def shutdown() -> None:
-    """Stop the worker process; runs at exit too, so no worker outlives its caller."""
-    global _worker
-    with _worker_lock:
-        if _worker is not None:
-            _worker.stop()
-            _worker = None
+    """Stop every worker process; runs at exit too, so no worker outlives its caller."""
+    with _pool_lock:
+        for number in list(_workers):
+            with _locks[number]:
+                _workers.pop(number).stop()
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def test_a_correct_program_is_checked_then_timed(matmul):
     assert len(m.times) == 4 and 0 < m.min_s <= m.median_s
     assert m.gflops == pytest.approx(2 * 16 * 24 * 8 / m.median_s / 1e9)
     assert m.info["backend"]["cpu_name"] and m.info["machine"]["peak_gflops_per_core"] > 0
-    assert m.info["settings"] == {"repeats": 4, "warmup": 1, "seed": 0, "timeout_s": 120.0}
+    assert m.info["settings"] == {"repeats": 4, "warmup": 1, "seed": 0, "timeout_s": 120.0,
+                                  "time_budget_s": None}
     assert m.info["program_hash"] == matmul.hash()
     assert isinstance(m.to_json()["times"], list)
 
@@ -83,3 +84,19 @@ def test_an_exception_in_the_worker_is_an_error_value(matmul):
 def test_negative_repeats_are_a_caller_error(matmul):
     with pytest.raises(ValueError, match="repeats"):
         measure(matmul, repeats=-1)
+
+
+def test_a_time_budget_stops_timing_after_one_run(matmul):
+    m = measure(matmul, repeats=50, warmup=5, time_budget_s=0.0)
+    assert m.correct is True and len(m.times) == 1
+
+
+def test_workers_measure_from_several_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    progs = [naive_program(get_workload("matmul").build(8, 8, n)) for n in (3, 4, 5, 6)]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda ip: measure(ip[1], repeats=2, worker=ip[0] % 2),
+                                enumerate(progs)))
+    assert all(m.correct for m in results)
+    assert [m.info["program_hash"] for m in results] == [p.hash() for p in progs]
