@@ -13,6 +13,7 @@ coefficients of every shared loop, and R's residual index range inside W's).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .affine import Affine, AffineError, Ranges, to_affine
@@ -93,9 +94,15 @@ def reduce_loops(blk: Block) -> set[str]:
 
 def accesses(site: Site) -> list[Access]:
     """The block's store first, then its loads (the accumulator read of a reduction included)."""
-    blk = site.block
+    return list(_accesses(site.block, tuple((lp.name, lp.extent) for lp in site.loops)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _accesses(blk: Block, loops: tuple[tuple[str, int], ...]) -> tuple[Access, ...]:
+    # Cached: every schedule step re-checks the whole program, and most blocks and their loops
+    # are unchanged from the step before (searches realize thousands of programs).
     to_loops = {b.axis: b.expr() for b in blk.bindings}
-    ranges = site.ranges()
+    ranges = {name: (0, extent - 1) for name, extent in loops}
 
     def access(buffer: str, indices: tuple[Expr, ...], write: bool, guarded: bool) -> Access:
         affine = tuple(_affine_or_none(substitute(ix, to_loops), ranges) for ix in indices)
@@ -106,7 +113,7 @@ def accesses(site: Site) -> list[Access]:
     if blk.reduce is not None:
         out.append(access(blk.buffer, blk.indices, False, False))
     out += [access(ld.buffer, ld.indices, False, g) for ld, g in _loads(blk.value, False)]
-    return out
+    return tuple(out)
 
 
 def writers(prog: Program) -> dict[str, list[str]]:
