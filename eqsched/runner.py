@@ -181,6 +181,9 @@ class _Worker:
                 self.stop()
                 raise _WorkerLost(f"timed out after {timeout_s:g} s (worker killed)")
             return self.recv.recv()
+        except KeyboardInterrupt:
+            self.stop()  # its reply to this job would answer the next one
+            raise
         except (EOFError, OSError):
             try:
                 code = self.process.wait(5)  # the pipe closes a moment before the exit status
@@ -248,6 +251,9 @@ def measure(
         except _WorkerLost as lost:
             del _workers[worker]
             result = Measurement(correct=False, error=str(lost))
+        except KeyboardInterrupt:
+            del _workers[worker]
+            raise
     result.info.setdefault("machine", machine.facts())
     result.info["settings"] = settings
     result.info["program_hash"] = prog.hash()
@@ -268,5 +274,7 @@ if __name__ == "__main__":
     # `eqsched.runner.Measurement`, which the parent can load.
     from eqsched.runner import _serve as serve
 
+    # Ctrl-C reaches the whole process group; the parent decides what an interrupt means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests_fd, replies_fd = int(sys.argv[1]), int(sys.argv[2])
     serve(Connection(requests_fd, writable=False), Connection(replies_fd, readable=False))

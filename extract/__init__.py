@@ -1,7 +1,17 @@
-"""eqsched.extract: cost models and extractors (installed from the repo's extract/).
+"""eqsched.extract: choosing programs from the saturated e-graph (installed from extract/).
 
-This is where programs will be chosen from the saturated e-graph: a walk over the serialized
-e-graph that picks one node per class and a size for every tile symbol, cost models that score
-whole concrete programs, top-k search, and a model learned from measurements. Nothing is defined
-yet; programs are measured with `eqsched.runner.measure`.
+    from eqsched.extract import get_cost_model, EvolutionarySearch
+    search = EvolutionarySearch(space, get_cost_model("analytic"), seed=0)
+    batch = search.propose(8)                      # [(Candidate, predicted seconds), ...]
+
+- `cost`: the CostModel interface (one method, `predict`; learners also `update`), the registry
+  (`get_cost_model(name or object)`), a random baseline, rank correlations.
+- `search`: an evolutionary search over a walk's choices of e-nodes and tile sizes.
+A new cost model is one file: subclass `CostModel`, decorate it with `@register`.
 """
+
+from .cost import COST_MODELS, CostModel, CostModelError, get_cost_model, register
+from .search import Candidate, EvolutionarySearch
+
+__all__ = ["COST_MODELS", "Candidate", "CostModel", "CostModelError", "EvolutionarySearch",
+           "get_cost_model", "register"]

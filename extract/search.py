@@ -1,0 +1,184 @@
+"""Choose programs from the space: an evolutionary search over a walk's choices, scored by a
+cost model (MetaSchedule's evolutionary search, over the e-graph instead of traces).
+
+A candidate's genome is the node picked at every slot the walk reached (`Space.walk`) and one size
+assignment per dimension group (`Space.size_options`); its phenotype is the concrete program.
+
+    search = EvolutionarySearch(space, get_cost_model("analytic"), seed=0)
+    batch = search.propose(8, exclude=measured_hashes, elites=best_measured_candidates)
+
+Each round starts from the elites (measured winners), the survivors of the last round and fresh
+random walks; it mutates the best (re-pick one slot, re-size one group, or nudge one factor of
+two between two pieces of a group), keeps the best distinct programs, and returns the top `k` the
+caller has not measured, with a few random picks mixed in so a wrong model still sees new ground.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from eqsched.egraph.derive import DeriveError, realize
+from eqsched.egraph.space import Slot, Space
+from eqsched.egraph.term import Sizes, Term
+from eqsched.ir import Program
+from eqsched.schedule import ScheduleError
+
+from .cost import CostModel
+
+
+@dataclass(eq=False)
+class Candidate:
+    """One concrete program of the space and the choices that made it."""
+
+    term: Term
+    sizes: Sizes
+    program: Program
+    picks: dict[Slot, int] = field(repr=False)  # slot -> index into space.choices(slot)
+    assignment: dict[str, dict[str, int]] = field(repr=False)  # group -> {path: extent}
+    hash: str = ""
+
+    def __post_init__(self) -> None:
+        self.hash = self.hash or self.program.hash()
+
+
+class EvolutionarySearch:
+    """Proposes the candidates `model` ranks best, round after round; deterministic by seed."""
+
+    def __init__(self, space: Space, model: CostModel, *, seed: int = 0, population: int = 96,
+                 generations: int = 3, survivors: int = 32, random_fraction: float = 0.125,
+                 max_attempts: int = 50):
+        self.space, self.model = space, model
+        self.rng = random.Random(seed)
+        self.population, self.generations = population, generations
+        self.survivors, self.random_fraction = survivors, random_fraction
+        self.max_attempts = max_attempts
+        self._kept: list[Candidate] = []  # the last round's best, re-scored next round
+        self._programs: dict[tuple, Program | None] = {}  # realize() is the expensive part
+
+    # ---- candidates -------------------------------------------------------------------------
+
+    def random_candidate(self) -> Candidate | None:
+        """A fresh random walk with random sizes; None when `max_attempts` walks all fail."""
+        for _ in range(self.max_attempts):
+            cand = self._grow({}, {})
+            if cand is not None:
+                return cand
+        return None
+
+    def _grow(self, picks: dict[Slot, int], assignment: dict[str, dict[str, int]]
+              ) -> Candidate | None:
+        """Walk keeping the given picks where they still apply, pick the rest at random, then
+        size every group (keeping a given assignment where it is still valid)."""
+        used: dict[Slot, int] = {}
+
+        def pick(slot: Slot, choices: list) -> object:
+            index = picks.get(slot)
+            if index is None or index >= len(choices):
+                index = self.rng.randrange(len(choices))
+            used[slot] = index
+            return choices[index]
+
+        term = self.space.walk(pick)
+        sized: dict[str, dict[str, int]] = {}
+        for group, options in self.space.size_options(term):
+            if not options:
+                return None
+            old = assignment.get(group)
+            sized[group] = old if old in options else self.rng.choice(options)
+        sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
+        prog = self._realize(term, sizes)
+        if prog is None:
+            return None
+        return Candidate(term, dict(sorted(sizes.items())), prog, used, sized)
+
+    def _realize(self, term: Term, sizes: Sizes) -> Program | None:
+        key = (term, tuple(sorted(sizes.items())))
+        if key not in self._programs:
+            try:
+                self._programs[key] = realize(term, sizes, self.space.naive)
+            except (DeriveError, ScheduleError):
+                # A structure the manual primitives cannot build (derive's known gaps) is
+                # skipped, never guessed at.
+                self._programs[key] = None
+        return self._programs[key]
+
+    def mutate(self, cand: Candidate) -> Candidate | None:
+        """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
+        move = self.rng.random()
+        if move < 0.4 and cand.picks:
+            slot = self.rng.choice(sorted(cand.picks))
+            n = len(self.space.choices(slot))
+            if n > 1:
+                picks = dict(cand.picks)
+                picks[slot] = (picks[slot] + self.rng.randrange(1, n)) % n
+                return self._grow(picks, cand.assignment)
+        groups = sorted(cand.assignment)
+        if not groups:
+            return None
+        group = self.rng.choice(groups)
+        options = dict(self.space.size_options(cand.term))[group]
+        if move < 0.7:
+            choice = self.rng.choice(options)
+        else:
+            choice = self._nudge(cand.assignment[group], options)
+            if choice is None:
+                return None
+        return self._grow(cand.picks, {**cand.assignment, group: choice})
+
+    def _nudge(self, current: dict[str, int], options: list[dict[str, int]]
+               ) -> dict[str, int] | None:
+        """A nearest other assignment (log2 distance): a factor moved between two pieces."""
+
+        def distance(option: dict[str, int]) -> float:
+            return sum(abs(math.log2(option[p]) - math.log2(current[p])) for p in current)
+
+        others = [o for o in options if o != current]
+        if not others:
+            return None
+        nearest = min(distance(o) for o in others)
+        return self.rng.choice([o for o in others if distance(o) == nearest])
+
+    # ---- rounds -----------------------------------------------------------------------------
+
+    def propose(self, k: int, exclude: Iterable[str] = (),
+                elites: Iterable[Candidate] = ()) -> list[tuple[Candidate, float]]:
+        """Up to `k` (candidate, predicted seconds) the caller has not measured (`exclude`),
+        best predicted first, with about `random_fraction` of them random picks."""
+        excluded = set(exclude)
+        pool: dict[str, Candidate] = {}
+
+        def add(cands: Iterable[Candidate | None]) -> None:
+            for c in cands:
+                if c is not None and c.hash not in pool:
+                    pool[c.hash] = c
+
+        add(elites)
+        add(self._kept)
+        while len(pool) < self.population:
+            fresh = self.random_candidate()
+            if fresh is None:
+                break
+            add([fresh])
+        ranked = self._rank(list(pool.values()))
+        for _ in range(self.generations):
+            parents = [c for c, _ in ranked[: self.survivors]]
+            add(self.mutate(self.rng.choice(parents)) for _ in range(self.population))
+            ranked = self._rank(list(pool.values()))
+            pool = {c.hash: c for c, _ in ranked[: self.population]}
+        self._kept = [c for c, _ in ranked[: self.survivors]]
+        fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
+        n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
+        chosen = fresh[: k - n_random]
+        rest = fresh[k - n_random:]
+        chosen += self.rng.sample(rest, min(n_random, len(rest)))
+        return chosen
+
+    def _rank(self, cands: list[Candidate]) -> list[tuple[Candidate, float]]:
+        if not cands:
+            return []
+        scores = self.model.predict([c.program for c in cands])
+        order = sorted(range(len(cands)), key=lambda i: (scores[i], cands[i].hash))
+        return [(cands[i], float(scores[i])) for i in order]
