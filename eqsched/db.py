@@ -1,0 +1,565 @@
+"""The results database: every measured program of every exploration run, in one SQLite file.
+
+Exploration stores each measurement the moment it has it, so an interrupted run resumes without
+measuring anything twice, and runs on several machines can be exported, merged and compared.
+Timings only compare on the machine that took them: each measurement carries a fingerprint of its
+machine, and `lookup` and `best` answer for this machine only.
+
+    with Database("results.db") as db:
+        run = db.start_run(workload="matmul", size=[512, 512, 512], seed=0, budget={"trials": 64},
+                           rules=["tile", "reorder"], cost_model="random",
+                           machine=machine.facts(), versions=machine.versions())
+        if db.lookup("matmul", [512, 512, 512], prog.hash()) is None:
+            db.add(Record("matmul", [512, 512, 512], prog.hash(), "", {}, trace, m.times,
+                          m.median_s, m.gflops, m.correct, m.error, run_id=run))
+        db.finish_run(run, status="done", summary={"best_s": db.best("matmul", [512] * 3).median_s})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import operator
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import machine
+
+SCHEMA_VERSION = 1
+RUN_STATUSES = ("done", "interrupted", "failed")
+
+_APP = "eqsched"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+# Long enough for another process's transaction (one insert, or one import) to finish.
+_BUSY_TIMEOUT_S = 60.0
+
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE runs (
+        id INTEGER PRIMARY KEY, workload TEXT NOT NULL, size TEXT NOT NULL, key TEXT NOT NULL,
+        seed INTEGER, budget TEXT NOT NULL, rules TEXT NOT NULL, cost_model TEXT NOT NULL,
+        machine TEXT NOT NULL, versions TEXT NOT NULL, config TEXT NOT NULL,
+        started_at REAL NOT NULL, finished_at REAL, status TEXT NOT NULL, summary TEXT NOT NULL)""",
+    "CREATE INDEX runs_by_key ON runs (key)",
+    """CREATE TABLE measurements (
+        id INTEGER PRIMARY KEY, run_id INTEGER REFERENCES runs (id), key TEXT NOT NULL,
+        program_hash TEXT NOT NULL, machine_fp TEXT NOT NULL, structure TEXT NOT NULL,
+        sizes TEXT NOT NULL, trace TEXT NOT NULL, times TEXT NOT NULL, median_s REAL,
+        gflops REAL, correct INTEGER, error TEXT, predicted_s REAL, round INTEGER,
+        created_at REAL NOT NULL)""",
+    "CREATE UNIQUE INDEX measurements_once ON measurements (key, program_hash, machine_fp)",
+)
+_TABLES = ("meta", "measurements", "runs")
+
+_RUN_COLUMNS = ("workload", "size", "key", "seed", "budget", "rules", "cost_model", "machine",
+                "versions", "config", "started_at", "finished_at", "status", "summary")
+_RUN_JSON = ("size", "budget", "rules", "machine", "versions", "config", "summary")
+_MEASUREMENT_COLUMNS = ("run_id", "key", "program_hash", "machine_fp", "structure", "sizes",
+                        "trace", "times", "median_s", "gflops", "correct", "error", "predicted_s",
+                        "round", "created_at")
+_MEASUREMENT_JSON = ("sizes", "trace", "times")
+
+
+class DatabaseError(ValueError):
+    """A file that is not a usable eqsched database, or a malformed import; names the file."""
+
+
+@dataclass
+class Record:
+    """One measured program. `add` fills `created_at` (when 0) and `machine_fp` (when "")."""
+
+    workload: str
+    size: list[int]
+    program_hash: str  # Program.hash()
+    structure: str  # eqsched.egraph.term.show(term), "" for hand-written programs
+    sizes: dict[str, int]  # tile sizes, {"C.i|0/4": 8, ...}
+    trace: list[dict]  # Schedule.trace: replayable steps
+    times: list[float]  # every repeat's seconds, [] on error
+    median_s: float | None
+    gflops: float | None
+    correct: bool | None  # against the numpy reference; None: not checked
+    error: str | None  # compile error, crash or timeout
+    predicted_s: float | None = None  # the cost model's prediction when it was chosen
+    round: int | None = None
+    run_id: int | None = None
+    created_at: float = 0.0
+    machine_fp: str = ""  # the measuring machine's fingerprint
+
+
+def workload_key(workload: str, size: Sequence[int]) -> str:
+    """The name of one problem, as stored: `workload_key("matmul", [512, 256, 64])` is
+    "matmul/512x256x64"."""
+    if not workload or "/" in workload:
+        raise ValueError(f"workload name {workload!r} must be non-empty and contain no '/'")
+    try:
+        dims = [operator.index(d) for d in size]
+    except TypeError:
+        raise ValueError(f"size {size!r} of {workload} must be a sequence of integers") from None
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"size {list(dims)} of {workload} must be positive")
+    return f"{workload}/{'x'.join(map(str, dims))}"
+
+
+def _split_key(key: str) -> tuple[str, list[int]]:
+    workload, dims = key.rsplit("/", 1)
+    return workload, [int(d) for d in dims.split("x")] if dims else []
+
+
+def machine_fingerprint() -> str:
+    """A short hash of what makes timings comparable: the CPU model, LLVM's name and features for
+    it, and the core count (cheap: no peak measurement)."""
+    facts = machine.facts()
+    identity = {k: facts[k] for k in ("cpu_model", "llvm_cpu_name", "llvm_cpu_features", "cores")}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _json(value: Any, what: str) -> str:
+    # Sorted keys make equal content equal text, which is how imported runs are matched.
+    try:
+        return json.dumps(value, sort_keys=True, default=_numpy_scalar)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} is not JSON-able ({e})") from None
+
+
+def _numpy_scalar(value: Any) -> Any:
+    # A numeric search's tile sizes are often numpy integers; they are stored as plain numbers.
+    if hasattr(value, "item") and not hasattr(value, "__len__"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON-able")
+
+
+def _optional(convert, value):
+    return None if value is None else convert(value)
+
+
+class Database:
+    """An eqsched results database (SQLite, WAL mode: several processes may write at once)."""
+
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False,
+                 machine_fp: str | None = None) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        self.machine_fp = machine_fp or machine_fingerprint()
+        self._lock = threading.RLock()
+        self._check_file()
+        self._conn = self._connect()
+        try:
+            self._check_integrity()
+            self._check_schema()
+            if not readonly:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+        except (sqlite3.Error, UnicodeDecodeError) as e:
+            self._conn.close()
+            raise DatabaseError(f"{self.path}: cannot open it ({e})") from None
+        except DatabaseError:
+            self._conn.close()
+            raise
+
+    # ---- opening ---------------------------------------------------------------------------
+
+    def _check_file(self) -> None:
+        if self.path.is_dir():
+            raise DatabaseError(f"{self.path} is a directory, not a database file")
+        if not self.path.exists():
+            if self.readonly:
+                raise DatabaseError(f"{self.path} does not exist")
+            if not self.path.parent.is_dir():
+                raise DatabaseError(f"cannot create {self.path}: {self.path.parent} is not a "
+                                    f"directory")
+            return
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as e:
+            raise DatabaseError(f"cannot read {self.path} ({e.strerror})") from None
+        # An empty file (a fresh temporary file, say) becomes a new database.
+        if head and head != _SQLITE_MAGIC:
+            raise DatabaseError(f"{self.path} is not an eqsched database (file is not a SQLite "
+                                f"database)")
+
+    def _connect(self) -> sqlite3.Connection:
+        target, uri = str(self.path), False
+        if self.readonly:
+            target, uri = self.path.resolve().as_uri() + "?mode=ro", True
+        try:
+            # Transactions are explicit (isolation_level=None); the lock makes one connection
+            # safe for the measuring threads of one process.
+            conn = sqlite3.connect(target, uri=uri, timeout=_BUSY_TIMEOUT_S,
+                                   isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise DatabaseError(f"cannot open {self.path} ({e})") from None
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    def _check_integrity(self) -> None:
+        damaged = f"{self.path} is corrupt or truncated"
+        # A damaged page can put arbitrary bytes into quick_check's own report.
+        self._conn.text_factory = lambda raw: raw.decode(errors="replace")
+        try:
+            problems = [row[0] for row in self._conn.execute("PRAGMA quick_check")]
+            page_size = self._conn.execute("PRAGMA page_size").fetchone()[0]
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+            # A damaged schema can put arbitrary bytes into SQLite's error message too.
+            raise DatabaseError(f"{damaged} ({e})") from None
+        finally:
+            self._conn.text_factory = str
+        if problems != ["ok"]:
+            report = problems[0].removeprefix("*** in database main ***").strip()
+            raise DatabaseError(f"{damaged} ({' '.join(report.split())})")
+        # SQLite reads a missing tail of the last page as zeros, which quick_check may accept.
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size % page_size:
+            raise DatabaseError(f"{damaged} ({size} bytes is not a whole number of "
+                                f"{page_size}-byte pages)")
+
+    def _tables(self) -> list[str]:
+        query = "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+        return [row[0] for row in self._conn.execute(query)]
+
+    def _check_schema(self) -> None:
+        tables = self._tables()
+        if not tables and not self.readonly:
+            with self._transaction():
+                # Another process may have created the schema while this one waited for the lock.
+                if not self._tables():
+                    for statement in _SCHEMA:
+                        self._conn.execute(statement)
+                    self._conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                                           [("app", _APP), ("schema_version", SCHEMA_VERSION)])
+            tables = self._tables()
+        if not tables:
+            raise DatabaseError(f"{self.path} is not an eqsched database (an empty SQLite "
+                                f"database)")
+        try:
+            meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error:
+            meta = {}
+        if meta.get("app") != _APP:
+            raise DatabaseError(f"{self.path} is not an eqsched database (a SQLite database with "
+                                f"tables {', '.join(tables)})")
+        version = str(meta.get("schema_version"))
+        if not version.isdigit() or int(version) < 1:
+            raise DatabaseError(f"{self.path} has an invalid schema version {version!r}")
+        if int(version) > SCHEMA_VERSION:
+            raise DatabaseError(f"{self.path} was written by a newer eqsched (schema version "
+                                f"{version}; this eqsched reads version {SCHEMA_VERSION})")
+        missing = sorted(set(_TABLES) - set(tables))
+        if missing:
+            raise DatabaseError(f"{self.path} is damaged: table {', '.join(missing)} is missing")
+        for table, columns in (("runs", _RUN_COLUMNS), ("measurements", _MEASUREMENT_COLUMNS)):
+            present = {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+            lacking = [c for c in ("id", *columns) if c not in present]
+            if lacking:
+                raise DatabaseError(f"{self.path} is damaged: table {table} lacks column "
+                                    f"{', '.join(lacking)}")
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _sql(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                yield self._conn
+            except (sqlite3.Error, UnicodeDecodeError) as e:
+                raise DatabaseError(f"{self.path}: {what} failed ({e})") from None
+
+    @contextlib.contextmanager
+    def _transaction(self, mode: str = "IMMEDIATE") -> Iterator[None]:
+        # IMMEDIATE takes the write lock up front, so a concurrent writer waits at BEGIN (where
+        # the busy timeout applies) rather than failing halfway through; DEFERRED is a consistent
+        # snapshot for reading.
+        with self._lock:
+            self._conn.execute(f"BEGIN {mode}")
+            try:
+                yield
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _writable(self) -> None:
+        if self.readonly:
+            raise DatabaseError(f"{self.path} was opened read-only")
+
+    # ---- runs ------------------------------------------------------------------------------
+
+    def start_run(self, *, workload: str, size: Sequence[int], seed: int | None,
+                  budget: dict, rules: list[str], cost_model: str, machine: dict,
+                  versions: dict, config: dict | None = None) -> int:
+        """Record the start of an exploration run; returns its id for `Record.run_id`."""
+        run = {"workload": workload, "size": list(size), "seed": seed, "budget": budget,
+               "rules": rules, "cost_model": cost_model, "machine": machine,
+               "versions": versions, "config": config, "started_at": time.time(),
+               "finished_at": None, "status": "running", "summary": {}}
+        self._writable()
+        with self._sql("start_run") as conn:
+            return self._insert_run(conn, run)
+
+    def _insert_run(self, conn: sqlite3.Connection, run: dict) -> int:
+        row = self._run_row(run)
+        cursor = conn.execute(f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) "
+                              f"VALUES ({', '.join('?' * len(_RUN_COLUMNS))})", row)
+        return cursor.lastrowid
+
+    @staticmethod
+    def _run_row(run: dict) -> list:
+        values = {**run, "key": workload_key(run["workload"], run["size"]),
+                  "size": [operator.index(d) for d in run["size"]],
+                  "seed": _optional(operator.index, run["seed"])}
+        return [_json(values[c], f"run {c}") if c in _RUN_JSON else values[c]
+                for c in _RUN_COLUMNS]
+
+    def finish_run(self, run_id: int, *, status: str, summary: dict) -> None:
+        """Mark a run finished: status is "done", "interrupted" or "failed"."""
+        if status not in RUN_STATUSES:
+            raise ValueError(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
+        self._writable()
+        with self._sql("finish_run") as conn:
+            cursor = conn.execute(
+                "UPDATE runs SET status = ?, summary = ?, finished_at = ? WHERE id = ?",
+                (status, _json(summary, "run summary"), time.time(), run_id))
+        if cursor.rowcount == 0:
+            raise DatabaseError(f"{self.path} has no run {run_id}")
+
+    def runs(self, workload: str | None = None, size: Sequence[int] | None = None) -> list[dict]:
+        """Runs (oldest first) as dicts: id, workload, size, seed, budget, rules, cost_model,
+        machine, versions, config, started_at, finished_at, status, summary."""
+        where, params = self._where_workload(workload, size)
+        with self._sql("reading runs") as conn:
+            rows = conn.execute(f"SELECT * FROM runs {where} ORDER BY id", params).fetchall()
+        return self._decode(rows, self._run_dict)
+
+    @staticmethod
+    def _run_dict(row: sqlite3.Row) -> dict:
+        out = {"id": row["id"]}
+        for column in _RUN_COLUMNS:
+            if column != "key":
+                out[column] = json.loads(row[column]) if column in _RUN_JSON else row[column]
+        return out
+
+    @staticmethod
+    def _where_workload(workload: str | None, size: Sequence[int] | None) -> tuple[str, list]:
+        if size is not None:
+            if workload is None:
+                raise ValueError("a size needs a workload name")
+            return "WHERE key = ?", [workload_key(workload, size)]
+        if workload is not None:
+            prefix = workload_key(workload, [])
+            return "WHERE substr(key, 1, ?) = ?", [len(prefix), prefix]
+        return "", []
+
+    # ---- measurements ----------------------------------------------------------------------
+
+    def add(self, record: Record) -> bool:
+        """Store a measurement, committed at once. A program this machine (the record's
+        `machine_fp`) already measured for the workload is kept as it was: returns False."""
+        self._writable()
+        with self._sql("add") as conn:
+            return self._insert_record(conn, record)
+
+    def _insert_record(self, conn: sqlite3.Connection, record: Record) -> bool:
+        record.size = [operator.index(d) for d in record.size]
+        record.created_at = record.created_at or time.time()
+        record.machine_fp = record.machine_fp or self.machine_fp
+        values = {**dataclasses.asdict(record),
+                  "key": workload_key(record.workload, record.size),
+                  "correct": _optional(bool, record.correct),
+                  "round": _optional(operator.index, record.round),
+                  **{name: _optional(float, getattr(record, name))
+                     for name in ("median_s", "gflops", "predicted_s")}}
+        row = [_json(values[c], f"record {record.program_hash}: {c}")
+               if c in _MEASUREMENT_JSON else values[c] for c in _MEASUREMENT_COLUMNS]
+        try:
+            cursor = conn.execute(
+                f"INSERT OR IGNORE INTO measurements ({', '.join(_MEASUREMENT_COLUMNS)}) "
+                f"VALUES ({', '.join('?' * len(_MEASUREMENT_COLUMNS))})", row)
+        except sqlite3.IntegrityError as e:
+            if "FOREIGN KEY" not in str(e):
+                raise
+            raise DatabaseError(f"{self.path} has no run {record.run_id} (record "
+                                f"{record.program_hash})") from None
+        return cursor.rowcount == 1
+
+    def lookup(self, workload: str, size: Sequence[int], program_hash: str) -> Record | None:
+        """This machine's measurement of a program, if there is one."""
+        found = self._select("WHERE key = ? AND program_hash = ? AND machine_fp = ?",
+                             [workload_key(workload, size), program_hash, self.machine_fp])
+        return found[0] if found else None
+
+    def best(self, workload: str, size: Sequence[int]) -> Record | None:
+        """The fastest correct measurement on this machine."""
+        found = self._select("WHERE key = ? AND machine_fp = ? AND correct = 1 AND error IS NULL "
+                             "AND median_s IS NOT NULL ORDER BY median_s, id LIMIT 1",
+                             [workload_key(workload, size), self.machine_fp])
+        return found[0] if found else None
+
+    def records(self, workload: str | None = None, size: Sequence[int] | None = None, *,
+                run_id: int | None = None, all_machines: bool = False) -> list[Record]:
+        """Measurements in insertion order, of this machine unless `all_machines`."""
+        where, params = self._where_workload(workload, size)
+        clauses = [where.removeprefix("WHERE ")] if where else []
+        if run_id is not None:
+            clauses.append("run_id = ?")
+            params.append(run_id)
+        if not all_machines:
+            clauses.append("machine_fp = ?")
+            params.append(self.machine_fp)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        return self._select(f"{where} ORDER BY id", params)
+
+    def _select(self, clause: str, params: list) -> list[Record]:
+        with self._sql("reading measurements") as conn:
+            rows = conn.execute(f"SELECT * FROM measurements {clause}", params).fetchall()
+        return self._decode(rows, self._record)
+
+    def _decode(self, rows: list[sqlite3.Row], convert: Callable[[sqlite3.Row], Any]) -> list:
+        # quick_check checks the b-trees, not the JSON inside a text column.
+        try:
+            return [convert(row) for row in rows]
+        except ValueError as e:
+            raise DatabaseError(f"{self.path} is damaged: a stored value does not decode "
+                                f"({e})") from None
+
+    @staticmethod
+    def _record(row: sqlite3.Row) -> Record:
+        workload, size = _split_key(row["key"])
+        values = {c: json.loads(row[c]) if c in _MEASUREMENT_JSON else row[c]
+                  for c in _MEASUREMENT_COLUMNS if c != "key"}
+        values["correct"] = _optional(bool, values["correct"])
+        return Record(workload=workload, size=size, **values)
+
+    # ---- JSON lines ------------------------------------------------------------------------
+
+    def export_jsonl(self, path: str | os.PathLike) -> int:
+        """Write every run and measurement (all machines) as JSON lines; returns the line count."""
+        # One snapshot, so that no exported measurement refers to a run started after the runs
+        # were read.
+        with self._sql("export"), self._transaction("DEFERRED"):
+            runs = self.runs()
+            records = self.records(all_machines=True)
+        with open(path, "w") as f:
+            for run in runs:
+                f.write(json.dumps({"type": "run", **run}, sort_keys=True) + "\n")
+            for record in records:
+                f.write(json.dumps({"type": "measurement", **dataclasses.asdict(record)},
+                                   sort_keys=True) + "\n")
+        return len(runs) + len(records)
+
+    def import_jsonl(self, path: str | os.PathLike) -> int:
+        """Add the runs and measurements of an `export_jsonl` file, all or nothing; returns the
+        number of measurements added (ones already here are skipped). A run equal in content to
+        one already here is reused; the file's measurements are re-linked to the runs' ids."""
+        self._writable()
+        runs, records = _read_jsonl(Path(path))
+        with self._sql("import"), self._transaction():
+            run_ids = {old: self._find_run(run) or self._insert_run(self._conn, run)
+                       for old, run in runs.items()}
+            added = 0
+            for record in records:
+                record.run_id = _optional(run_ids.__getitem__, record.run_id)
+                added += self._insert_record(self._conn, record)
+        return added
+
+    def _find_run(self, run: dict) -> int | None:
+        match = " AND ".join(f"{c} IS ?" for c in _RUN_COLUMNS)
+        row = self._conn.execute(f"SELECT id FROM runs WHERE {match} ORDER BY id LIMIT 1",
+                                 self._run_row(run)).fetchone()
+        return row[0] if row else None
+
+    # ---- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_NUMBER = (int, float)
+_RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    "id": (int,), "workload": (str,), "size": (list,), "seed": (int, type(None)),
+    "budget": (dict,), "rules": (list,), "cost_model": (str,), "machine": (dict,),
+    "versions": (dict,), "config": (dict, type(None)), "started_at": _NUMBER,
+    "finished_at": (*_NUMBER, type(None)), "status": (str,), "summary": (dict,),
+}
+_RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "workload": (str,), "size": (list,), "program_hash": (str,), "structure": (str,),
+    "sizes": (dict,), "trace": (list,), "times": (list,), "median_s": (*_NUMBER, type(None)),
+    "gflops": (*_NUMBER, type(None)), "correct": (bool, type(None)), "error": (str, type(None)),
+    "predicted_s": (*_NUMBER, type(None)), "round": (int, type(None)),
+    "run_id": (int, type(None)), "created_at": _NUMBER, "machine_fp": (str,),
+}
+
+
+def _read_jsonl(path: Path) -> tuple[dict[int, dict], list[Record]]:
+    """Parse and check a whole file before anything is written."""
+    runs: dict[int, dict] = {}
+    records: list[tuple[int, Record]] = []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DatabaseError(f"cannot read {path} ({e})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatabaseError(f"{path} line {number}: not JSON ({e.msg})") from None
+        kind = obj.pop("type", None) if isinstance(obj, dict) else None
+        if kind == "run":
+            _check_fields(obj, _RUN_FIELDS, path, number)
+            if obj["id"] in runs:
+                raise DatabaseError(f"{path} line {number}: run {obj['id']} appears twice")
+            runs[obj.pop("id")] = obj
+        elif kind == "measurement":
+            _check_fields(obj, _RECORD_FIELDS, path, number)
+            if not obj["machine_fp"]:
+                raise DatabaseError(f"{path} line {number}: measurement has no machine_fp")
+            records.append((number, Record(**obj)))
+        else:
+            raise DatabaseError(f"{path} line {number}: expected an object with \"type\" "
+                                f"\"run\" or \"measurement\"")
+    for number, record in records:
+        if record.run_id is not None and record.run_id not in runs:
+            raise DatabaseError(f"{path} line {number}: measurement refers to run "
+                                f"{record.run_id}, which the file does not contain")
+    return runs, [record for _, record in records]
+
+
+def _check_fields(obj: dict, fields: dict[str, tuple[type, ...]], path: Path,
+                  number: int) -> None:
+    kind = "run" if fields is _RUN_FIELDS else "measurement"
+    where = f"{path} line {number}: {kind}"
+    missing = sorted(set(fields) - set(obj))
+    unknown = sorted(set(obj) - set(fields))
+    if missing or unknown:
+        problem = f"missing {', '.join(missing)}" if missing else f"unknown {', '.join(unknown)}"
+        raise DatabaseError(f"{where} fields: {problem}")
+    for name, types in fields.items():
+        # bool is an int to isinstance; a true/false where a number belongs is a malformed line.
+        value = obj[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise DatabaseError(f"{where} field {name} is {type(value).__name__}, expected "
+                                f"{' or '.join(t.__name__ for t in types)}")
+    try:
+        workload_key(obj["workload"], obj["size"])
+    except ValueError as e:
+        raise DatabaseError(f"{where}: {e}") from None
+
+
+__all__ = ["Database", "DatabaseError", "Record", "RUN_STATUSES", "SCHEMA_VERSION",
+           "machine_fingerprint", "workload_key"]

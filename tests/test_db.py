@@ -1,0 +1,266 @@
+"""The results database: storing measurements, resuming, the best program, bad files, JSON lines."""
+
+import dataclasses
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from eqsched.db import Database, DatabaseError, Record, machine_fingerprint, workload_key
+
+SIZE = [64, 32, 16]
+TRACE = [{"op": "split", "args": {"loop": "C.i", "factors": [8]}}]
+
+
+def record(program_hash: str, median_s: float | None = 1e-3, correct: bool | None = True,
+           error: str | None = None, **extra) -> Record:
+    fields = dict(workload="matmul", size=list(SIZE), program_hash=program_hash,
+                  structure="C.i[0/2]{C.update}", sizes={"C.i|0/2": 8}, trace=TRACE,
+                  times=[] if median_s is None else [median_s] * 3, median_s=median_s,
+                  gflops=None if median_s is None else 0.1 / median_s, correct=correct,
+                  error=error)
+    return Record(**{**fields, **extra})
+
+
+def start(db: Database, seed: int = 0) -> int:
+    return db.start_run(workload="matmul", size=SIZE, seed=seed, budget={"trials": 8},
+                        rules=["tile", "reorder"], cost_model="random",
+                        machine={"cpu_model": "test cpu"}, versions={"eqsched": "0.1.0"})
+
+
+@pytest.fixture
+def db(tmp_path):
+    with Database(tmp_path / "results.db", machine_fp="here") as db:
+        yield db
+
+
+def test_workload_key_names_the_problem():
+    assert workload_key("matmul", (512, 256, 64)) == "matmul/512x256x64"
+    with pytest.raises(ValueError, match="no '/'"):
+        workload_key("a/b", [1])
+    with pytest.raises(ValueError, match="positive"):
+        workload_key("matmul", [0, 1])
+
+
+def test_a_record_comes_back_as_it_was_added(db):
+    run = start(db)
+    added = record("h1", predicted_s=2e-3, round=0, run_id=run)
+    assert db.add(added)
+    assert added.created_at > 0 and added.machine_fp == "here"
+    assert db.lookup("matmul", SIZE, "h1") == added
+    assert db.records() == db.records("matmul") == db.records("matmul", SIZE, run_id=run) == [added]
+    assert db.records("matmul", [1, 2, 3]) == db.records("conv2d") == []
+
+
+def test_resume_finds_a_measured_program_and_a_second_add_keeps_the_first(tmp_path):
+    path = tmp_path / "results.db"
+    with Database(path, machine_fp="here") as db:
+        assert db.lookup("matmul", SIZE, "h1") is None
+        assert db.add(record("h1", median_s=1e-3))
+    with Database(path, machine_fp="here") as reopened:
+        assert reopened.lookup("matmul", SIZE, "h1").median_s == 1e-3
+        assert not reopened.add(record("h1", median_s=5e-3))
+        assert [r.median_s for r in reopened.records()] == [1e-3]
+
+
+def test_best_is_the_fastest_correct_measurement(db):
+    db.add(record("slow", median_s=3e-3))
+    db.add(record("fast", median_s=2e-3))
+    db.add(record("wrong", median_s=1e-3, correct=False))
+    db.add(record("crashed", median_s=None, correct=None, error="worker crashed (SIGSEGV)"))
+    db.add(record("unchecked", median_s=0.5e-3, correct=None))
+    assert db.best("matmul", SIZE).program_hash == "fast"
+    assert db.best("matmul", [8, 8, 8]) is None
+
+
+def test_another_machines_record_is_kept_but_not_answered_for(db):
+    db.add(record("h1", median_s=1e-4, machine_fp="elsewhere"))
+    assert db.lookup("matmul", SIZE, "h1") is None
+    assert db.best("matmul", SIZE) is None
+    assert db.records() == []
+    assert [r.machine_fp for r in db.records(all_machines=True)] == ["elsewhere"]
+    assert db.add(record("h1", median_s=2e-3))  # this machine measures it for itself
+    assert db.best("matmul", SIZE).median_s == 2e-3
+
+
+def test_runs_are_started_and_finished(db):
+    run = start(db, seed=7)
+    db.add(record("h1", run_id=run))
+    db.finish_run(run, status="done", summary={"best_s": 1e-3})
+    (info,) = db.runs("matmul", SIZE)
+    assert info["id"] == run and info["seed"] == 7 and info["size"] == SIZE
+    assert info["status"] == "done" and info["summary"] == {"best_s": 1e-3}
+    assert info["finished_at"] >= info["started_at"] and info["config"] is None
+    assert db.runs("conv2d") == []
+    with pytest.raises(ValueError, match="'finished' is not one of done"):
+        db.finish_run(run, status="finished", summary={})
+    with pytest.raises(DatabaseError, match="has no run 99"):
+        db.finish_run(99, status="done", summary={})
+    with pytest.raises(DatabaseError, match="has no run 99"):
+        db.add(record("h2", run_id=99))
+
+
+def test_numpy_numbers_are_stored_as_plain_numbers(db):
+    np = pytest.importorskip("numpy")
+    db.add(record("h1", median_s=np.float32(0.5), sizes={"C.i|0/2": np.int64(8)}))
+    (stored,) = db.records()
+    assert stored.median_s == 0.5 and stored.sizes == {"C.i|0/2": 8}
+    with pytest.raises(ValueError, match="trace is not JSON-able"):
+        db.add(record("h2", trace=[{"op": object()}]))
+
+
+def test_a_readonly_database_reads_but_does_not_write(tmp_path):
+    path = tmp_path / "results.db"
+    with Database(path, machine_fp="here") as db:
+        db.add(record("h1"))
+    with Database(path, readonly=True, machine_fp="here") as db:
+        assert db.lookup("matmul", SIZE, "h1") is not None
+        with pytest.raises(DatabaseError, match="read-only"):
+            db.add(record("h2"))
+    with pytest.raises(DatabaseError, match="does not exist"):
+        Database(tmp_path / "missing.db", readonly=True)
+
+
+def test_the_default_fingerprint_is_a_short_stable_hash():
+    assert machine_fingerprint() == machine_fingerprint()
+    assert len(machine_fingerprint()) == 12
+
+
+# ---- files that are not eqsched databases ---------------------------------------------------
+
+
+def test_random_bytes_are_not_a_database(tmp_path):
+    path = tmp_path / "noise.db"
+    path.write_bytes(os.urandom(4096))
+    with pytest.raises(DatabaseError, match=r"noise.db is not an eqsched database \(file is not "
+                                            r"a SQLite database\)"):
+        Database(path)
+
+
+def test_a_truncated_database_is_reported_as_such(tmp_path):
+    path = tmp_path / "results.db"
+    with Database(path, machine_fp="here") as db:
+        for n in range(200):
+            db.add(record(f"h{n}", structure="x" * 500))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DatabaseError, match="results.db is corrupt or truncated"):
+        Database(path)
+
+
+def test_another_applications_sqlite_file_names_its_tables(tmp_path):
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+        conn.execute("CREATE TABLE orders (id INTEGER)")
+    conn.close()
+    with pytest.raises(DatabaseError, match="other.db is not an eqsched database .*tables "
+                                            "orders, users"):
+        Database(path)
+    with sqlite3.connect(path) as conn:  # opening it changed nothing
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    conn.close()
+
+
+def test_a_newer_schema_version_is_refused(tmp_path):
+    path = tmp_path / "results.db"
+    Database(path, machine_fp="here").close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.close()
+    with pytest.raises(DatabaseError, match=r"newer eqsched \(schema version 2; this eqsched "
+                                            r"reads version 1\)"):
+        Database(path)
+
+
+def test_a_directory_or_a_missing_directory_is_refused(tmp_path):
+    with pytest.raises(DatabaseError, match="is a directory"):
+        Database(tmp_path)
+    with pytest.raises(DatabaseError, match="nowhere is not a directory"):
+        Database(tmp_path / "nowhere" / "results.db")
+
+
+def test_an_empty_file_becomes_a_database(tmp_path):
+    path = tmp_path / "results.db"
+    path.touch()
+    with Database(path, machine_fp="here") as db:
+        assert db.add(record("h1"))
+
+
+# ---- JSON lines ----------------------------------------------------------------------------
+
+
+def test_export_then_import_gives_equal_records_and_runs(db, tmp_path):
+    run = start(db)
+    db.add(record("h1", run_id=run, round=0))
+    db.add(record("h2", median_s=None, correct=None, error="timeout", run_id=run, round=1))
+    db.add(record("h3", machine_fp="elsewhere"))
+    db.finish_run(run, status="interrupted", summary={"measured": 2})
+    out = tmp_path / "export.jsonl"
+    assert db.export_jsonl(out) == 4
+    assert [json.loads(line)["type"] for line in out.read_text().splitlines()] == \
+        ["run", "measurement", "measurement", "measurement"]
+
+    with Database(tmp_path / "fresh.db", machine_fp="here") as fresh:
+        start(fresh, seed=1)  # ids differ from the exported ones: runs are re-linked
+        assert fresh.import_jsonl(out) == 3
+        assert fresh.records(all_machines=True) == [
+            dataclasses.replace(r, run_id=None if r.run_id is None else 2)
+            for r in db.records(all_machines=True)]
+        assert fresh.runs()[1:] == [dict(db.runs()[0], id=2)]
+        # A second import finds the same run and the same measurements.
+        assert fresh.import_jsonl(out) == 0
+        assert len(fresh.runs()) == 2
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ("{not json", "line 2: not JSON"),
+    ('{"type": "cake"}', 'line 2: expected an object with "type"'),
+    ('{"type": "measurement", "workload": "matmul"}', "line 2: measurement fields: missing"),
+    ('{"type": "run", "id": 9}', "line 2: run fields: missing"),
+])
+def test_import_names_the_malformed_line(db, tmp_path, bad_line, message):
+    db.add(record("h1"))
+    path = tmp_path / "export.jsonl"
+    db.export_jsonl(path)
+    path.write_text(path.read_text() + bad_line + "\n")
+    with Database(tmp_path / "fresh.db", machine_fp="here") as fresh:
+        with pytest.raises(DatabaseError, match=message):
+            fresh.import_jsonl(path)
+        assert fresh.records() == []  # nothing imported from a bad file
+
+
+def test_import_checks_field_types_and_run_references(db, tmp_path):
+    good = {"type": "measurement", **record("h1", run_id=5, machine_fp="x").__dict__}
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(good) + "\n")
+    with pytest.raises(DatabaseError, match="line 1: measurement refers to run 5"):
+        db.import_jsonl(path)
+    path.write_text(json.dumps({**good, "run_id": None, "median_s": "fast"}) + "\n")
+    with pytest.raises(DatabaseError, match="line 1: measurement field median_s is str"):
+        db.import_jsonl(path)
+
+
+# ---- two processes, one file ----------------------------------------------------------------
+
+_WRITER = """
+import sys
+from eqsched.db import Database, Record
+with Database(sys.argv[1], machine_fp="here") as db:
+    for n in range(20):
+        db.add(Record("matmul", [4], f"{sys.argv[2]}{n}", "", {}, [], [1.0], 1.0, 1.0, True,
+                      None))
+"""
+
+
+def test_two_processes_write_to_one_file(tmp_path):
+    path = tmp_path / "results.db"
+    Database(path, machine_fp="here").close()
+    writers = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), prefix])
+               for prefix in "ab"]
+    assert [w.wait(timeout=60) for w in writers] == [0, 0]
+    with Database(path, machine_fp="here") as db:
+        assert len(db.records("matmul", [4])) == 40
