@@ -4,6 +4,7 @@
     eqsched run matmul --size 512,512,512 --schedule examples/schedules/matmul-512.json
     eqsched machine [--json]
     eqsched space matmul --size 64,64,64 --sample 3 [--rules a,-b] [--limits seconds=10] [--json]
+    eqsched explore matmul --size 512,512,512 --trials 64 [--db eqsched.db] [--seed 0] [--json]
 
 Every failure prints one line, `eqsched: error: ...`, on stderr and exits with status 2; a program
 that runs but computes a wrong result exits with status 1.
@@ -89,6 +90,33 @@ def _parser() -> argparse.ArgumentParser:
                        help="also count the space without each rule in turn (one saturation "
                             "per rule)")
     space.add_argument("--json", action="store_true", help="print one JSON object")
+
+    exp = sub.add_parser("explore", help="search the space: extract, measure, learn, repeat")
+    exp.add_argument("workload", help="a name from `eqsched workloads`")
+    exp.add_argument("--size", help="comma-separated sizes (default: the workload's default)")
+    exp.add_argument("--trials", type=int, default=64, help="candidates to try (default 64)")
+    exp.add_argument("--seconds", type=float, help="stop after this much wall time")
+    exp.add_argument("--db", default="eqsched.db",
+                     help="SQLite results database; re-runs resume from it (default eqsched.db)")
+    exp.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    exp.add_argument("--cost-model", default="learned",
+                     help="a registered cost model: learned (default), analytic, random")
+    exp.add_argument("--rules", help="rule names or +name/-name edits of the default set")
+    exp.add_argument("--limits", help="saturation limits, like iterations=20,seconds=10")
+    exp.add_argument("--batch", type=int, default=8, help="candidates per round (default 8)")
+    exp.add_argument("--jobs", type=int, default=1,
+                     help="measure this many candidates at once (default 1: timings are "
+                          "cleanest one at a time)")
+    exp.add_argument("--threads", type=int,
+                     help="threads for parallel loops (default: every core; 1 for a one-core "
+                          "result)")
+    exp.add_argument("--repeats", type=int, default=10, help="timed runs per candidate")
+    exp.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                     help="seconds per candidate for compile, check and timing")
+    exp.add_argument("--save-trace", metavar="FILE",
+                     help="write the best program's trace (replay with `eqsched run --schedule`)")
+    exp.add_argument("--json", action="store_true",
+                     help="print one JSON object on stdout (progress goes to stderr)")
     return parser
 
 
@@ -323,8 +351,106 @@ def _cmd_space(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- eqsched explore ------------------------------------------------------------------------
+
+
+def _progress_printer(stream: Any) -> Any:
+    live = stream.isatty()
+
+    def show(event: str, data: dict[str, Any]) -> None:
+        if event == "saturating":
+            print(f"eqsched: saturating the space of {data['workload']} "
+                  f"{','.join(map(str, data['size']))} ...", file=stream)
+        elif event == "round":
+            best = data["best_gflops"]
+            rho = data["spearman"]
+            width = 24
+            filled = width * data["trials"] // data["of"]
+            line = (f"[{'#' * filled}{'.' * (width - filled)}] {data['trials']}/{data['of']} "
+                    f"round {data['round']}: best {best:.4g} GFLOPS" if best else
+                    f"[{'#' * filled}{'.' * (width - filled)}] {data['trials']}/{data['of']} "
+                    f"round {data['round']}: no correct program yet")
+            line += f", rank corr {rho:+.2f}" if rho is not None else ""
+            line += f", {data['measured']} measured"
+            print(("\r" + line) if live else line, end="" if live else "\n", file=stream,
+                  flush=True)
+        elif event == "exhausted":
+            print(f"\neqsched: the space has no untried candidate left after "
+                  f"{data['trials']} trials", file=stream)
+
+    return show
+
+
+def _cmd_explore(args: argparse.Namespace) -> int:
+    from .db import DatabaseError
+    from .explore import Settings, explore
+    from .extract.cost import CostModelError
+    from .rules import RuleError
+
+    for name in ("trials", "batch", "jobs", "repeats"):
+        if getattr(args, name) < 1:
+            raise CliError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads must be >= 1, got {args.threads}")
+    wl = get_workload(args.workload)
+    size = parse_size(args.size, wl) if args.size is not None else wl.default_size
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    settings = Settings(repeats=args.repeats, timeout_s=args.timeout, threads=args.threads)
+    try:
+        result = explore(wl.name, size, trials=args.trials, seconds=args.seconds, db=args.db,
+                         seed=args.seed, cost_model=args.cost_model, rules=rules,
+                         limits=parse_limits(args.limits), batch=args.batch, jobs=args.jobs,
+                         settings=settings, progress=_progress_printer(sys.stderr))
+    except (DatabaseError, CostModelError, RuleError) as err:
+        raise CliError(str(err)) from None
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    out = result.to_json()
+    if args.save_trace and result.best_trace:
+        from .schedule import save_trace
+
+        save_trace(args.save_trace, result.best_trace, workload=wl.name, size=list(size))
+        out["trace_file"] = args.save_trace
+    if args.json:
+        print(json.dumps(out))
+    else:
+        _print_exploration(out)
+    if result.interrupted:
+        print("eqsched: interrupted; every measurement so far is in the database, run the same "
+              "command again to resume", file=sys.stderr)
+        return 130
+    if result.best is None:
+        raise CliError(f"no correct program found in {out['trials']} trials (errors are in "
+                       f"{args.db})")
+    return 0
+
+
+def _print_exploration(r: dict[str, Any]) -> None:
+    if r["program"]:
+        print(r["program"])
+    print(f"{r['workload']} {','.join(map(str, r['size']))}: {r['trials']} trials "
+          f"({r['measured']} measured now, {r['trials'] - r['measured']} from the database) in "
+          f"{r['wall_s']:.1f} s, seed {r['seed']}, cost model {r['cost_model']}")
+    if r["best_gflops"] is None:
+        return
+    line = (f"best: {r['best_gflops']:.4g} GFLOPS, median {r['best_median_s'] * 1e3:.4g} ms, "
+            f"checked against numpy")
+    if r["percent_of_peak"] is not None:
+        line += f", {r['percent_of_peak']:.1f}% of one core's peak"
+    if r["speedup_over_naive"] is not None:
+        line += f", {r['speedup_over_naive']:.1f}x the naive program"
+    print(line)
+    rhos = [f"{x['spearman']:+.2f}" if x["spearman"] is not None else "n/a" for x in r["rounds"]]
+    print(f"rank correlation (Spearman, predicted vs measured) per round: {' '.join(rhos)}")
+    if r.get("trace_file"):
+        print(f"trace: {r['trace_file']} (replay: eqsched run {r['workload']} --schedule "
+              f"{r['trace_file']})")
+    else:
+        print(f"trace: {json.dumps(r['trace'])}")
+
+
 COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machine,
-            "space": _cmd_space}
+            "space": _cmd_space, "explore": _cmd_explore}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, WorkloadError, ScheduleError, BackendError, SpaceError) as err:
         message = str(err).strip().splitlines()
         print(f"eqsched: error: {message[0] if message else type(err).__name__}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\neqsched: interrupted", file=sys.stderr)
+        return 130
     except Exception as err:  # a bug, still reported in one line rather than a traceback
         print(f"eqsched: error: internal error: {type(err).__name__}: {err}", file=sys.stderr)
     return EXIT_ERROR

@@ -23,10 +23,26 @@ from dataclasses import dataclass, field
 from eqsched.egraph.derive import DeriveError, realize
 from eqsched.egraph.space import Slot, Space
 from eqsched.egraph.term import Sizes, Term
-from eqsched.ir import Program
+from eqsched.ir import LoopKind, Program
 from eqsched.schedule import ScheduleError
 
 from .cost import CostModel
+
+# Code-size limit (TVM's max_unroll_step): nested unrolled loops multiply, and LLVM takes minutes
+# on thousands of copies of a loop body (matmul 128^3 samples: 265 copies 3 s, 2065 > 120 s).
+MAX_UNROLLED = 256
+
+
+def unrolled_copies(prog: Program) -> int:
+    """Block instances the unrolled loops write out in the code, summed over blocks."""
+    total = 0
+    for blk in prog.blocks():
+        copies = 1
+        for lp in prog.enclosing(blk.name):
+            if lp.kind == LoopKind.UNROLLED:
+                copies *= lp.extent
+        total += copies
+    return total
 
 
 @dataclass(eq=False)
@@ -49,12 +65,12 @@ class EvolutionarySearch:
 
     def __init__(self, space: Space, model: CostModel, *, seed: int = 0, population: int = 96,
                  generations: int = 3, survivors: int = 32, random_fraction: float = 0.125,
-                 max_attempts: int = 50):
+                 max_attempts: int = 50, max_unrolled: int = MAX_UNROLLED):
         self.space, self.model = space, model
         self.rng = random.Random(seed)
         self.population, self.generations = population, generations
         self.survivors, self.random_fraction = survivors, random_fraction
-        self.max_attempts = max_attempts
+        self.max_attempts, self.max_unrolled = max_attempts, max_unrolled
         self._kept: list[Candidate] = []  # the last round's best, re-scored next round
         self._programs: dict[tuple, Program | None] = {}  # realize() is the expensive part
 
@@ -90,7 +106,7 @@ class EvolutionarySearch:
             sized[group] = old if old in options else self.rng.choice(options)
         sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
         prog = self._realize(term, sizes)
-        if prog is None:
+        if prog is None or unrolled_copies(prog) > self.max_unrolled:
             return None
         return Candidate(term, dict(sorted(sizes.items())), prog, used, sized)
 

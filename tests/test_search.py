@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from eqsched.extract import CostModel, EvolutionarySearch, get_cost_model
+from eqsched.extract.search import unrolled_copies
 
 from eqsched.backend import compile_program
 from eqsched.egraph.space import build_space
@@ -95,3 +96,10 @@ def test_mutants_are_members_that_compute_the_right_result(space):
             checked += 1
         parent = child
     assert checked == 5
+
+
+def test_no_proposal_unrolls_more_copies_than_the_limit(space):
+    search = EvolutionarySearch(space, get_cost_model("random", seed=1), seed=5, population=24,
+                                generations=2, max_unrolled=8)
+    batch = search.propose(8)
+    assert batch and all(unrolled_copies(c.program) <= 8 for c, _ in batch)

@@ -1,0 +1,103 @@
+"""The exploration loop: measured, checked, stored, resumable, reproducible."""
+
+import json
+
+import pytest
+
+from eqsched.db import Database
+from eqsched.explore import Settings, explore
+from eqsched.ir import naive_program
+from eqsched.schedule import Schedule
+from eqsched.workloads import get_workload
+
+SIZE = (16, 32, 8)
+FAST = Settings(repeats=2, warmup=0, threads=1)
+
+
+def run(db, **kw):
+    kw.setdefault("trials", 8)
+    kw.setdefault("batch", 4)
+    return explore("matmul", SIZE, db=db, seed=0, cost_model="random", settings=FAST,
+                   measure_naive=False, **kw)
+
+
+def test_an_exploration_measures_checks_and_stores_every_trial(tmp_path):
+    db = tmp_path / "x.db"
+    result = run(db)
+    assert len(result.trials) == 8 and result.measured == 8 and len(result.rounds) == 2
+    assert result.best is not None and result.best.correct
+    assert result.best.median_s == min(t.median_s for t in result.trials if t.correct)
+    with Database(db) as d:
+        records = d.records("matmul", SIZE)
+        # Programs with parallel loops are keyed with the thread count they were timed with.
+        stored = {r.program_hash.split("/threads=")[0] for r in records}
+        assert stored == {t.program_hash for t in result.trials}
+        assert all(r.correct or r.error for r in records)
+        (run_row,) = d.runs("matmul", SIZE)
+        assert run_row["status"] == "done" and run_row["seed"] == 0
+
+
+def test_the_best_trace_replays_to_the_best_program(tmp_path):
+    result = run(tmp_path / "x.db")
+    naive = naive_program(get_workload("matmul").build(*SIZE))
+    replayed = Schedule.replay(naive, result.best_trace).program
+    assert replayed.hash() == result.best_program.hash() == result.best.program_hash
+
+
+def test_a_rerun_with_the_same_seed_and_database_measures_nothing_new(tmp_path):
+    db = tmp_path / "x.db"
+    first = run(db)
+    again = run(db)
+    assert again.measured == 0
+    assert [t.program_hash for t in again.trials] == [t.program_hash for t in first.trials]
+    assert again.best.program_hash == first.best.program_hash
+
+
+def test_an_interrupted_run_keeps_its_measurements_and_resumes(tmp_path):
+    db = tmp_path / "x.db"
+
+    def stop_after_first_round(event, data):
+        if event == "round":
+            raise KeyboardInterrupt
+
+    cut = run(db, progress=stop_after_first_round)
+    assert cut.interrupted and len(cut.trials) == 4
+    with Database(db) as d:
+        assert len(d.records("matmul", SIZE)) == 4
+        assert d.runs("matmul", SIZE)[0]["status"] == "interrupted"
+    resumed = run(db)
+    assert resumed.measured == 4 and len(resumed.trials) == 8
+    assert all(t.cached for t in resumed.trials[:4])
+
+
+def test_rank_correlation_is_reported_per_round(tmp_path):
+    result = run(tmp_path / "x.db")
+    out = result.to_json()
+    assert [r["round"] for r in out["rounds"]] == [0, 1]
+    for r in out["rounds"]:
+        assert r["spearman"] is None or -1 <= r["spearman"] <= 1
+    json.dumps(out)  # JSON-able throughout
+
+
+def test_a_wrong_program_is_never_the_best(tmp_path, monkeypatch):
+    import eqsched.explore as ex
+
+    real = ex.measure
+
+    def every_other_wrong(prog, **kw):
+        m = real(prog, **kw)
+        if int(prog.hash(), 16) % 2:
+            m.correct, m.check_message = False, "forced wrong by the test"
+        return m
+
+    monkeypatch.setattr(ex, "measure", every_other_wrong)
+    result = run(tmp_path / "x.db")
+    wrong = [t for t in result.trials if t.correct is False]
+    assert wrong and all("wrong result" in t.error for t in wrong)
+    if result.best is not None:
+        assert result.best.correct and int(result.best.program_hash, 16) % 2 == 0
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="trials"):
+        explore("matmul", SIZE, trials=0)
