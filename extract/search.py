@@ -105,12 +105,13 @@ class EvolutionarySearch:
             old = assignment.get(group)
             sized[group] = old if old in options else self.rng.choice(options)
         sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
-        prog = self._realize(term, sizes)
+        prog = self.program_of(term, sizes)
         if prog is None or unrolled_copies(prog) > self.max_unrolled:
             return None
         return Candidate(term, dict(sorted(sizes.items())), prog, used, sized)
 
-    def _realize(self, term: Term, sizes: Sizes) -> Program | None:
+    def program_of(self, term: Term, sizes: Sizes) -> Program | None:
+        """The concrete program (memoized), or None if the primitives cannot build it."""
         key = (term, tuple(sorted(sizes.items())))
         if key not in self._programs:
             try:
@@ -178,11 +179,11 @@ class EvolutionarySearch:
             if fresh is None:
                 break
             add([fresh])
-        ranked = self._rank(list(pool.values()))
+        ranked = self.rank(list(pool.values()))
         for _ in range(self.generations):
             parents = [c for c, _ in ranked[: self.survivors]]
             add(self.mutate(self.rng.choice(parents)) for _ in range(self.population))
-            ranked = self._rank(list(pool.values()))
+            ranked = self.rank(list(pool.values()))
             pool = {c.hash: c for c, _ in ranked[: self.population]}
         self._kept = [c for c, _ in ranked[: self.survivors]]
         fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
@@ -192,7 +193,8 @@ class EvolutionarySearch:
         chosen += self.rng.sample(rest, min(n_random, len(rest)))
         return chosen
 
-    def _rank(self, cands: list[Candidate]) -> list[tuple[Candidate, float]]:
+    def rank(self, cands: list[Candidate]) -> list[tuple[Candidate, float]]:
+        """(candidate, predicted seconds), best first; ties broken by hash (deterministic)."""
         if not cands:
             return []
         scores = self.model.predict([c.program for c in cands])

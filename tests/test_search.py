@@ -7,6 +7,7 @@ from eqsched.extract.search import unrolled_copies
 
 from eqsched.backend import compile_program
 from eqsched.egraph.space import build_space
+from eqsched.egraph.term import symbols
 from eqsched.ir import LoopKind, naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.workloads import get_workload
@@ -103,3 +104,12 @@ def test_no_proposal_unrolls_more_copies_than_the_limit(space):
                                 generations=2, max_unrolled=8)
     batch = search.propose(8)
     assert batch and all(unrolled_copies(c.program) <= 8 for c, _ in batch)
+
+
+def test_egglog_extracts_the_smallest_term_and_the_baseline_sizes_it(space):
+    from eqsched.extract.baseline import egglog_baseline, egglog_term
+
+    term = egglog_term(space)
+    assert space.contains(term, {s: space.facts.extents[s[0]] for s in symbols(term)})
+    best = egglog_baseline(space, FewestScalarIterations(), k=2)
+    assert best and all(c.term == term for c, _ in best)
