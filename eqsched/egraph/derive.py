@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from ..ir import Program
-from ..legality import ScheduleError
+from ..legality import ScheduleError, check_program
 from ..schedule import Schedule
 from .encode import encode
 from .facts import facts_of
@@ -49,8 +49,16 @@ def derive(term: Term, sizes: Sizes, naive: Program) -> list[dict]:
 
 
 def realize(term: Term, sizes: Sizes, naive: Program) -> Program:
-    """The term's concrete program: `Schedule.replay(naive, derive(term, sizes, naive)).program`."""
-    return _Derivation(term, sizes, naive).run().program
+    """The term's concrete program: `Schedule.replay(naive, derive(term, sizes, naive)).program`.
+
+    Fast path first: the primitives without the whole-program check after each one (most of the
+    time of a derivation), then one check of the result and the usual cross-check that it encodes
+    back to (term, sizes), which pins it to the same program. Any failure there falls back to the
+    checked derivation, which also knows which alternatives a rejected step leaves."""
+    try:
+        return _Derivation(term, sizes, naive, checked=False).run().program
+    except Exception:  # noqa: BLE001  (an unchecked primitive may fail in any way)
+        return _Derivation(term, sizes, naive).run().program
 
 
 def path_suffix(path: str) -> str:
@@ -77,10 +85,11 @@ def _children(stmts: tuple[Stmt, ...]) -> list[Stmt]:
 
 
 class _Derivation:
-    def __init__(self, term: Term, sizes: Sizes, naive: Program):
+    def __init__(self, term: Term, sizes: Sizes, naive: Program, checked: bool = True):
         self.term, self.sizes, self.naive = term, sizes, naive
+        self.checked = checked
         self.facts = facts_of(naive)
-        self.sch = Schedule(naive)
+        self.sch = Schedule(naive, checked=checked)
         self.names: dict[int, str] = {}  # id(term Loop) -> program loop name
         self.chains = {s.name: outer for s, outer in walk(term.body) if isinstance(s, BlockRef)}
         self.loops = [s for s, _ in walk(term.body) if isinstance(s, Loop)]
@@ -119,7 +128,8 @@ class _Derivation:
         hosts = sorted(blocks, key=lambda b: (-len(self.facts.blocks[b].axes), blocks.index(b)))
         main, names = self.sch, dict(self.names)
         for host in hosts:
-            self.sch = Schedule(main.program)  # a trial: the manual API has no undo
+            # a trial: the manual API has no undo
+            self.sch = Schedule(main.program, checked=self.checked)
             if self._fuse_all(host, blocks):
                 for step in self.sch.trace:
                     args = step["args"]
@@ -233,6 +243,11 @@ class _Derivation:
             raise DeriveError(f"{part}: {e}") from None
 
     def _check(self) -> None:
+        if not self.checked:
+            try:
+                check_program(self.sch.program)
+            except ScheduleError as e:
+                raise DeriveError(f"built without step checks, it is illegal: {e}") from None
         got, got_sizes = encode(self.sch.program, self.facts)
         if got != self.term:
             raise DeriveError(f"the manual API builds {show(got)}, not {show(self.term)}")
