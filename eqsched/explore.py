@@ -28,12 +28,12 @@ from typing import Any
 from . import machine
 from .backend import CompileOptions
 from .db import Database, Record
-from .egraph.derive import derive
+from .egraph.derive import DeriveError, derive
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
 from .egraph.term import show
 from .ir import LoopKind, Program, naive_program
-from .runner import measure
+from .runner import Measurement, measure
 from .workloads import get_workload
 
 DEFAULT_DB = "eqsched.db"
@@ -192,14 +192,20 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         if stored is not None:
             return Trial(round_index, cand.hash, show(cand.term), predicted, stored.median_s,
                          stored.gflops, stored.correct, stored.error, cached=True)
-        m = measure(cand.program, repeats=settings.repeats, warmup=settings.warmup,
-                    timeout_s=settings.timeout_s, seed=settings.input_seed,
-                    time_budget_s=settings.time_budget_s, worker=worker,
-                    options=settings.options())
+        try:
+            trace = derive(cand.term, cand.sizes, naive)
+        except DeriveError as err:
+            # Only replayable programs may be reported; this one is recorded as an error.
+            trace, m = [], Measurement(correct=None, error=f"no replayable trace: {err}")
+        else:
+            m = measure(cand.program, repeats=settings.repeats, warmup=settings.warmup,
+                        timeout_s=settings.timeout_s, seed=settings.input_seed,
+                        time_budget_s=settings.time_budget_s, worker=worker,
+                        options=settings.options())
         record = Record(
             workload=wl.name, size=list(size), program_hash=key, structure=show(cand.term),
             sizes={f"{g}|{p}": e for (g, p), e in cand.sizes.items()},
-            trace=derive(cand.term, cand.sizes, naive), times=m.times, median_s=m.median_s,
+            trace=trace, times=m.times, median_s=m.median_s,
             gflops=m.gflops, correct=m.correct, error=m.error or (
                 None if m.correct is not False else f"wrong result: {m.check_message}"),
             predicted_s=predicted, round=round_index, run_id=result.run_id)
