@@ -1,0 +1,556 @@
+"""The analytic cost model: predicted seconds of a loop program from a model of one Zen 4 core.
+
+    model = AnalyticModel()                      # caches from eqsched.machine, 32 flop/cycle
+    seconds = model.predict([prog_a, prog_b])    # ranks candidates; no measurement needed
+    model.breakdown(prog_a)["l2_fill"]           # the named terms behind one prediction
+
+Each block is costed where it sits, then the blocks are summed (a program runs its nests one
+after the other). Per block, in cycles:
+
+    compute  = ALU units / 2         a 512-bit op is two 256-bit units; two units issue a cycle
+    loads    = load units / 2        contiguous vector loads, broadcasts, gathers (one per lane)
+    stores   = store units / 1
+    issue    = instructions / 4      loop bookkeeping included; fewer per cycle in huge bodies
+    latency  = updates per accumulator * 4, when the accumulator is carried through the block's
+               innermost serial loop (fewer than ~4 zmm accumulators stall on FMA latency)
+    X_fill   = cache lines brought into level X * cycles per line  (l1_fill, l2_fill, dram)
+    block    = (sum(term ** 4)) ** (1/4) + spills    a soft maximum: saturated resources overlap
+
+Every operation runs once per iteration of the innermost serial loop it depends on, and once per
+unrolled copy it depends on: that is LLVM's loop-invariant code motion (an accumulator invariant
+in the innermost loop is promoted to a register, an invariant load or exp is hoisted) and CSE
+across unrolled copies (A[i, k] under an unrolled j is loaded once). An operation that does not
+depend on the vectorized loop is scalar (a broadcast, for loads). A local tile whose accesses
+depend on unrolled and vectorized loops only lives in registers. The registers a carried tile
+needs are its accumulators plus the vector loads reused across unrolled copies (broadcasts fold
+into the FMA); beyond 32 it spills.
+
+Cache traffic is the classic reuse model: for each access and level, find the outermost loop
+whose body's footprint (distinct lines per buffer, from index strides and extents) fits the
+level; the loop just outside it reuses lines between consecutive iterations, loops further out
+bring everything again. A program whose whole footprint fits a level stays warm between calls.
+A parallel root loop divides its nest among `threads` cores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from eqsched.affine import AffineError
+from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
+from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope
+
+from .cost import CostModel, register
+
+FLOP_PER_CYCLE = 32  # Zen 4: one 512-bit FMA (two 256-bit halves) per cycle
+DEFAULT_GHZ = 3.6
+LINE_ELEMS = 16  # float32 per 64-byte line
+UNIT_LANES, ZMM_LANES = 8, 16
+ALU_PER_CYCLE, LOADS_PER_CYCLE, STORES_PER_CYCLE = 2.0, 2.0, 1.0  # 256-bit units
+ISSUE_WIDTH, BIG_BODY_ISSUE_WIDTH, BIG_BODY = 4.0, 2.5, 6000  # instructions; L1i holds ~6000
+FMA_LATENCY = 4
+REGISTERS = 32
+REGISTER_TILE_ELEMS = 1024  # larger local tiles are not split into registers
+SPILL_CYCLES = (16.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
+LOOP_ENTRY_CYCLES = 3.0
+LOOP_INSTRUCTIONS = 2  # increment, compare-and-branch
+GATHER_ALU = 2  # per gathered vector, besides one load unit per lane
+IRREGULAR_INDEX_OPS = 10  # scalar integer ops per lane of an index that is not affine
+L1_SETS, L1_WAYS, PAGE = 64, 8, 4096
+STRIDED_FILL, STRIDED_BYTES = 6.0, 1024  # jumps of this size per step defeat the prefetchers
+PARALLEL_CALL_SECONDS = 5e-6
+SOFT_MAX_POWER = 4
+# Per level: cycles per 64-byte line brought in (L2 -> L1 at 32 B/cycle, L3 -> L2 at 16 B/cycle,
+# DRAM -> L3 at ~20 GB/s), and the share of the level a working set may fill before conflicts
+# and other data evict it.
+FILL_CYCLES = {"l1_fill": 2.0, "l2_fill": 4.0, "dram": 11.5}
+CACHE_SHARE = {"l1_fill": 0.5, "l2_fill": 0.75, "dram": 0.5}
+CACHE_OF = {"l1_fill": "L1d", "l2_fill": "L2", "dram": "L3"}
+DEFAULT_CACHES = {"L1d": 32768, "L2": 1048576, "L3": 33554432}
+# ALU ops per evaluation; exp/log/tanh are the backend's straight-line vector math.
+OP_COST = {"+": 1, "-": 1, "*": 1, "/": 5, "max": 2, "min": 2}
+CALL_COST = {"exp": 30, "log": 38, "tanh": 50, "sqrt": 6, "abs": 1, "neg": 1}
+
+THROUGHPUT_KEYS = ("compute", "loads", "stores", "issue", "latency", "l1_fill", "l2_fill", "dram")
+KEYS = THROUGHPUT_KEYS + ("spills", "loop_overhead", "parallel", "copies", "total")
+
+
+@dataclass(frozen=True)
+class _Access:
+    buffer: str
+    written: bool
+    strides: tuple[tuple[int, int], ...]  # (loop position, flat stride in elements), non-zero
+    regular: bool  # affine; otherwise `strides` guesses one line per step of each loop used
+
+
+@dataclass(frozen=True)
+class _Footprint:
+    """One memory access's lines while loops d.. run (d = 0..n), plainly and as L1 pressure
+    (lines crowded into few sets by a power-of-two stride count as the share of ways they
+    fill, times the whole cache)."""
+
+    access: _Access
+    lines: tuple[float, ...]
+    l1_pressure: tuple[float, ...]
+    fill_cost: float  # STRIDED_FILL when the access strides through memory, else 1
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """A block's compute-side cycles and its accesses' footprints (depends on its site only)."""
+
+    cycles: dict[str, float]  # compute, loads, stores, issue, latency, spills
+    footprints: tuple[_Footprint, ...]
+
+
+@register
+class AnalyticModel(CostModel):
+    """Predicts seconds from a model of one core (the module docstring has the formula)."""
+
+    name = "analytic"
+
+    def __init__(self, caches: dict | None = None, peak_gflops: float | None = None,
+                 threads: int = 1):
+        if threads < 1:
+            raise ValueError(f"threads must be a positive count, got {threads}")
+        given = caches if caches is not None else _machine_caches()
+        self.caches = {level: int(given.get(level, size)) for level, size in
+                       DEFAULT_CACHES.items()}
+        self.peak_gflops = peak_gflops or FLOP_PER_CYCLE * DEFAULT_GHZ
+        self.hz = self.peak_gflops * 1e9 / FLOP_PER_CYCLE
+        self.threads = threads
+        self._profiles: dict[tuple, _Profile] = {}
+
+    def predict(self, programs: Sequence[Program]) -> np.ndarray:
+        return np.array([self.breakdown(p)["total"] for p in programs], dtype=float)
+
+    def breakdown(self, prog: Program) -> dict[str, float]:
+        """The named terms of `prog`'s prediction in seconds (`total` is the prediction)."""
+        out = dict.fromkeys(KEYS, 0.0)
+        sites = _sites(prog)
+        in_registers = _register_tiles(prog, sites)
+        profiles = {name: self._profile(prog, blk, loops, in_registers)
+                    for name, (blk, loops) in sites.items()}
+        footprints = {l1: _footprints(sites, profiles, l1) for l1 in (True, False)}
+        for root in prog.body:
+            share = self._share(root)
+            for name in _blocks_under(root):
+                loops, profile = sites[name][1], profiles[name]
+                terms = dict(profile.cycles)
+                for key, level in CACHE_OF.items():
+                    capacity = self.caches[level] * CACHE_SHARE[key] / 64
+                    footprint = footprints[key == "l1_fill"]
+                    terms[key] = FILL_CYCLES[key] * sum(
+                        _traffic(fp, loops, footprint, capacity) for fp in profile.footprints)
+                cycles = _soft_max([terms[k] for k in THROUGHPUT_KEYS]) + terms["spills"]
+                for key in THROUGHPUT_KEYS + ("spills",):
+                    out[key] += terms[key] * share / self.hz
+                if isinstance(sites[name][0].value, Load) and sites[name][0].reduce is None:
+                    out["copies"] += cycles * share / self.hz
+                out["total"] += cycles * share / self.hz
+            overhead = _loop_entries(root) * LOOP_ENTRY_CYCLES * share / self.hz
+            out["loop_overhead"] += overhead
+            out["total"] += overhead
+            if isinstance(root, Loop) and root.kind == LoopKind.PARALLEL:
+                out["parallel"] += PARALLEL_CALL_SECONDS
+        out["total"] += out["parallel"] + 1e-9  # an empty program still costs a call
+        return out
+
+    def _share(self, root: Node) -> float:
+        """The fraction of a root nest one core runs (a parallel loop's chunks are balanced)."""
+        if not isinstance(root, Loop) or root.kind != LoopKind.PARALLEL:
+            return 1.0
+        return math.ceil(root.extent / self.threads) / root.extent
+
+    def _profile(self, prog: Program, blk: Block, loops: tuple[Loop, ...],
+                 in_registers: frozenset[str]) -> _Profile:
+        used = sorted({blk.buffer} | {ld.buffer for ld in blk.reads()})
+        buffers = tuple((name, prog.buffer(name).shape, prog.buffer(name).scope == Scope.LOCAL,
+                         name in in_registers) for name in used)
+        key = (blk, tuple((lp.name, lp.extent, lp.kind) for lp in loops), buffers)
+        if key not in self._profiles:
+            self._profiles[key] = _BlockCoster(blk, loops, buffers).profile()
+        return self._profiles[key]
+
+
+def _machine_caches() -> dict[str, int]:
+    from eqsched.machine import cache_sizes
+
+    return cache_sizes() or DEFAULT_CACHES
+
+
+# ---- program structure ----------------------------------------------------------------------
+
+
+def _sites(prog: Program) -> dict[str, tuple[Block, tuple[Loop, ...]]]:
+    """Every block with its enclosing loops, outermost first."""
+    out: dict[str, tuple[Block, tuple[Loop, ...]]] = {}
+
+    def visit(nodes: tuple[Node, ...], loops: tuple[Loop, ...]) -> None:
+        for n in nodes:
+            if isinstance(n, Block):
+                out[n.name] = (n, loops)
+            else:
+                visit(n.body, loops + (n,) if isinstance(n, Loop) else loops)
+
+    visit(prog.body, ())
+    return out
+
+
+def _blocks_under(node: Node) -> list[str]:
+    if isinstance(node, Block):
+        return [node.name]
+    return [name for child in node.body for name in _blocks_under(child)]
+
+
+def _loop_entries(node: Node, runs: int = 1) -> float:
+    """How often serial loops (extent > 1) start: each start costs a setup and an exit branch."""
+    if isinstance(node, Block):
+        return 0.0
+    if isinstance(node, Alloc):
+        return sum(_loop_entries(c, runs) for c in node.body)
+    own = runs if _is_serial(node) else 0
+    inner = runs * (node.extent if node.kind != LoopKind.VECTORIZED else 1)
+    return own + sum(_loop_entries(c, inner) for c in node.body)
+
+
+def _is_serial(lp: Loop) -> bool:
+    return lp.kind in (LoopKind.SERIAL, LoopKind.PARALLEL) and lp.extent > 1
+
+
+def _register_tiles(prog: Program, sites: dict) -> frozenset[str]:
+    """Local buffers that live in registers: small, and indexed only by unrolled and vectorized
+    loops wherever they are accessed (so every index is a constant after unrolling)."""
+    out = set()
+    for buf in prog.buffers:
+        if buf.scope != Scope.LOCAL or buf.size > REGISTER_TILE_ELEMS:
+            continue
+        constant = True
+        for blk, loops in sites.values():
+            for ld_buffer, indices in [(blk.buffer, blk.indices)] + [
+                    (ld.buffer, ld.indices) for ld in blk.reads()]:
+                if ld_buffer != buf.name:
+                    continue
+                axes = {v for ix in indices for v in free_vars(ix)}
+                varying = {lp for b in blk.bindings if b.axis in axes for lp, _ in b.terms}
+                constant &= all(not _is_serial(lp) for lp in loops if lp.name in varying)
+        if constant:
+            out.add(buf.name)
+    return frozenset(out)
+
+
+# ---- one block ------------------------------------------------------------------------------
+
+
+class _BlockCoster:
+    """Counts one block's operations where LLVM places them (see the module docstring)."""
+
+    def __init__(self, blk: Block, loops: tuple[Loop, ...], buffers: tuple):
+        self.blk, self.loops = blk, loops
+        self.shape = {name: shape for name, shape, _, _ in buffers}
+        self.local = {name for name, _, local, _ in buffers if local}
+        self.registers = {name for name, _, _, in_regs in buffers if in_regs}
+        position = {lp.name: d for d, lp in enumerate(loops)}
+        self.axes = {b.axis: ({position[lp]: c for lp, c in b.terms}, b.offset)
+                     for b in blk.bindings}
+        vec = [d for d, lp in enumerate(loops) if lp.kind == LoopKind.VECTORIZED]
+        self.vec = vec[0] if vec else None
+        self.lanes = loops[self.vec].extent if vec else 1
+        serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
+        self.innermost = serial[-1] if serial else -1
+        self.units = dict.fromkeys(("compute", "loads", "stores", "instructions"), 0.0)
+        self.held_registers = 0.0  # vector loads kept across unrolled copies in the body
+
+    def profile(self) -> _Profile:
+        blk = self.blk
+        store = self._access(blk.buffer, blk.indices, written=True)
+        deps = self._deps(store)
+        everywhere = frozenset(range(len(self.loops)))
+        fused = blk.reduce == "sum" and isinstance(blk.value, BinOp) and blk.value.op == "*"
+        if fused:  # one FMA per point: the multiply goes with the accumulation
+            self._value(blk.value.a)
+            self._value(blk.value.b)
+        else:
+            self._value(blk.value)
+        latency = spills = 0.0
+        if blk.reduce is not None:
+            self._op("compute", OP_COST["max" if blk.reduce == "max" else "+"], everywhere)
+            if store.buffer not in self.registers:  # promoted out of the loops it is invariant in
+                self._op("loads", 1, deps)
+                self._op("stores", 1, deps)
+            if self.innermost >= 0 and self.innermost not in deps:  # carried through the loop
+                chains = math.prod(lp.extent for d, lp in enumerate(self.loops)
+                                   if d > self.innermost and d in deps
+                                   and lp.kind == LoopKind.UNROLLED)
+                latency = self._count(everywhere) / chains * FMA_LATENCY
+                excess = chains * self._registers(deps) + self.held_registers + 1 - REGISTERS
+                if excess > 0:
+                    once, each = SPILL_CYCLES
+                    spills = (once + each * excess) * self._iterations()
+        elif store.buffer not in self.registers:
+            self._op("stores", 1, everywhere)
+        self.units["instructions"] += LOOP_INSTRUCTIONS * self._iterations()
+        body = self.units["instructions"] / max(self._iterations(), 1)
+        width = ISSUE_WIDTH if body <= BIG_BODY else BIG_BODY_ISSUE_WIDTH
+        cycles = {"compute": self.units["compute"] / ALU_PER_CYCLE,
+                  "loads": self.units["loads"] / LOADS_PER_CYCLE,
+                  "stores": self.units["stores"] / STORES_PER_CYCLE,
+                  "issue": self.units["instructions"] / width,
+                  "latency": latency, "spills": spills}
+        return _Profile(cycles, self._footprints(store))
+
+    # ---- placement ---------------------------------------------------------------------------
+
+    def _count(self, deps: frozenset[int]) -> float:
+        """How often an operation depending on loops `deps` runs: once per iteration of the
+        innermost serial loop it depends on, times the unrolled copies it depends on."""
+        inner = max((d for d in deps if _is_serial(self.loops[d])), default=-1)
+        n = 1
+        for d, lp in enumerate(self.loops):
+            if d == self.vec:
+                continue
+            if d <= inner or (d in deps and lp.kind == LoopKind.UNROLLED):
+                n *= lp.extent
+        return float(n)
+
+    def _iterations(self) -> float:
+        return self._count(frozenset([self.innermost])) if self.innermost >= 0 else 1.0
+
+    def _width(self, deps: frozenset[int]) -> int:
+        return self.lanes if self.vec is not None and self.vec in deps else 1
+
+    def _registers(self, deps: frozenset[int]) -> int:
+        return math.ceil(self._width(deps) / ZMM_LANES)
+
+    def _op(self, port: str, ops: float, deps: frozenset[int], units_per_op: float = 0) -> None:
+        count = self._count(deps) * ops
+        width = self._width(deps)
+        self.units[port] += count * (units_per_op or math.ceil(width / UNIT_LANES))
+        self.units["instructions"] += count * math.ceil(width / ZMM_LANES)
+
+    # ---- expressions -------------------------------------------------------------------------
+
+    def _value(self, e: Expr) -> frozenset[int]:
+        """Cost the evaluation of `e`; returns the loops it depends on."""
+        if isinstance(e, Const):
+            return frozenset()
+        if isinstance(e, Load):
+            return self._load(e)
+        if isinstance(e, BinOp):
+            deps = self._value(e.a) | self._value(e.b)
+            self._op("compute", OP_COST.get(e.op, 1), deps)
+            return deps
+        if isinstance(e, Call):
+            deps = self._value(e.args[0])
+            self._op("compute", CALL_COST.get(e.fn, 1), deps)
+            return deps
+        if isinstance(e, Select):
+            cond = self._index_deps(e.cond)
+            deps = cond | self._value(e.a) | self._value(e.b)
+            self._op("compute", 2 * _comparisons(e.cond), cond)
+            self._op("compute", 1, deps)
+            return deps
+        return frozenset()
+
+    def _load(self, ld: Load) -> frozenset[int]:
+        access = self._access(ld.buffer, ld.indices, written=False)
+        deps = self._deps(access)
+        if access.buffer in self.registers:
+            return deps
+        lane_stride = dict(access.strides).get(self.vec, 0) if self.vec is not None else 0
+        gather = lane_stride not in (0, 1) or (lane_stride and not access.regular)
+        # LICM cannot prove a gather's lanes invariant past the block's stores: it runs per point.
+        placed = frozenset(range(len(self.loops))) if gather else deps
+        if not access.regular:  # integer code per lane: x86 has no vector i64 division
+            count = self._count(placed) * IRREGULAR_INDEX_OPS * self._width(deps)
+            self.units["compute"] += count
+            self.units["instructions"] += count
+        if gather:
+            self._op("loads", 1, placed, units_per_op=self.lanes)  # a load per lane
+            self._op("compute", GATHER_ALU, placed)
+        else:
+            self._op("loads", 1, deps)
+        unrolled = [d for d, lp in enumerate(self.loops)
+                    if d > self.innermost and lp.kind == LoopKind.UNROLLED and lp.extent > 1]
+        if self._width(deps) > 1 and any(d not in deps for d in unrolled):
+            copies = math.prod(self.loops[d].extent for d in unrolled if d in deps)
+            self.held_registers += copies * self._registers(deps)
+        return deps
+
+    def _access(self, buffer: str, indices: tuple[Expr, ...], written: bool) -> _Access:
+        dims = self.shape[buffer]
+        flat: dict[int, int] = defaultdict(int)
+        try:
+            for d, ix in enumerate(indices):
+                stride = math.prod(dims[d + 1:])
+                for loop, c in self._affine(ix)[0].items():
+                    flat[loop] += c * stride
+        except AffineError:
+            used = self._loops_of(indices)
+            return _Access(buffer, written, tuple((d, LINE_ELEMS) for d in sorted(used)), False)
+        return _Access(buffer, written, tuple(sorted((d, c) for d, c in flat.items() if c)), True)
+
+    def _affine(self, e: Expr) -> tuple[dict[int, int], int]:
+        """An index over the block's axes as ({loop position: coeff}, const) (what
+        `eqsched.affine.to_affine` computes, without rebuilding the expression over loops)."""
+        if isinstance(e, Var):
+            return self.axes[e.name]
+        if isinstance(e, Const):
+            return {}, int(e.value)
+        if not isinstance(e, BinOp):
+            raise AffineError(f"not affine: {e}")
+        (a, ac), (b, bc) = self._affine(e.a), self._affine(e.b)
+        if e.op in ("+", "-"):
+            sign = 1 if e.op == "+" else -1
+            out = dict(a)
+            for v, c in b.items():
+                out[v] = out.get(v, 0) + sign * c
+            return out, ac + sign * bc
+        if e.op == "*" and (not a or not b):
+            (terms, const), k = ((a, ac), bc) if not b else ((b, bc), ac)
+            return {v: c * k for v, c in terms.items()}, const * k
+        if e.op in ("//", "%") and not b and bc > 0:
+            whole = {v: c // bc for v, c in a.items() if c % bc == 0}
+            lo = hi = ac
+            for v, c in a.items():
+                if c % bc:
+                    top = c * (self.loops[v].extent - 1)
+                    lo, hi = lo + min(0, top), hi + max(0, top)
+            if lo // bc != hi // bc:
+                raise AffineError(f"not affine: {e}")
+            if e.op == "//":
+                return whole, lo // bc
+            rest = {v: c - bc * whole.get(v, 0) for v, c in a.items()}
+            return rest, ac - bc * (lo // bc)
+        raise AffineError(f"not affine: {e}")
+
+    def _loops_of(self, indices: tuple[Expr, ...]) -> set[int]:
+        return {d for ix in indices for v in free_vars(ix) for d in self.axes[v][0]}
+
+    def _deps(self, access: _Access) -> frozenset[int]:
+        return frozenset(d for d, _ in access.strides if self.loops[d].extent > 1)
+
+    def _index_deps(self, cond: Expr) -> frozenset[int]:
+        return frozenset(d for d in self._loops_of((cond,)) if self.loops[d].extent > 1)
+
+    # ---- footprints --------------------------------------------------------------------------
+
+    def _footprints(self, store: _Access) -> tuple[_Footprint, ...]:
+        """The footprint of every distinct access to memory (local tiles are not memory)."""
+        accesses = {store}
+        for ld in _loads(self.blk.value):
+            accesses.add(self._access(ld.buffer, ld.indices, written=False))
+        return tuple(self._footprint(a) for a in sorted(accesses, key=lambda a: (
+            a.buffer, a.written, a.strides)) if a.buffer not in self.local)
+
+    def _footprint(self, access: _Access) -> _Footprint:
+        # Only depths where the access gains a loop change its lines.
+        lines = [1.0] * (len(self.loops) + 1)
+        pressure = [1.0] * (len(self.loops) + 1)
+        terms: list[tuple[int, int]] = []
+        strides = dict(access.strides)
+        for d in range(len(self.loops) - 1, -1, -1):
+            if d in strides:
+                terms.append((abs(strides[d]), self.loops[d].extent))
+                lines[d], pressure[d] = _lines_touched(terms)
+            else:
+                lines[d], pressure[d] = lines[d + 1], pressure[d + 1]
+        serial = [d for d in strides if _is_serial(self.loops[d])]
+        strided = False
+        if serial and abs(strides[max(serial)]) * 4 >= STRIDED_BYTES:
+            # Part of a line per visit: the prefetchers see no stream, each line is a miss.
+            run = 1 + sum(abs(c) * (self.loops[d].extent - 1) for d, c in strides.items()
+                          if d > max(serial) and abs(c) <= LINE_ELEMS)
+            strided = run < LINE_ELEMS
+        return _Footprint(access, tuple(lines), tuple(pressure),
+                          STRIDED_FILL if strided else 1.0)
+
+
+def _loads(e: Expr) -> list[Load]:
+    if isinstance(e, Load):
+        return [e]
+    kids = {BinOp: lambda: (e.a, e.b), Call: lambda: e.args, Select: lambda: (e.a, e.b)}
+    for cls, get in kids.items():
+        if isinstance(e, cls):
+            return [ld for k in get() for ld in _loads(k)]
+    return []
+
+
+def _comparisons(cond: Expr) -> int:
+    if isinstance(cond, Cmp) and cond.op == "and":
+        return _comparisons(cond.a) + _comparisons(cond.b) + 1
+    return 1
+
+
+def _lines_touched(terms: list[tuple[int, int]]) -> tuple[float, float]:
+    """Distinct cache lines an access touches while loops with (flat stride, extent) run, and
+    their L1 pressure.
+
+    Strides up to a line (or within the contiguous run so far) extend one contiguous run;
+    larger strides repeat the run; equal or overlapping large strides (conv's `p + ry`) merge.
+    Repeats at a power-of-two stride land in few L1 sets; beyond its ways they count as if
+    every set were that full.
+    """
+    run = 1
+    copies: list[list[int]] = []  # [stride, count]
+    for stride, extent in sorted(terms):
+        if extent <= 1:
+            continue
+        if not copies and stride <= max(run, LINE_ELEMS):
+            run += stride * (extent - 1)
+        elif copies and stride < copies[-1][0] * copies[-1][1]:
+            last = copies[-1]
+            last[1] = (last[0] * (last[1] - 1) + stride * (extent - 1)) // last[0] + 1
+        else:
+            copies.append([stride, extent])
+    per_run = 1 + (run - 1) / LINE_ELEMS
+    lines = per_run * math.prod(count for _, count in copies)
+    if not copies:
+        return lines, lines
+    stride, count = copies[0]
+    spread = min(count, L1_SETS // math.gcd(stride // LINE_ELEMS, L1_SETS)) \
+        if stride % LINE_ELEMS == 0 else count
+    sets = min(L1_SETS, math.ceil(per_run) * spread)
+    return lines, lines * L1_SETS / sets if lines / sets > L1_WAYS else lines
+
+
+def _soft_max(terms: list[float]) -> float:
+    return sum(t ** SOFT_MAX_POWER for t in terms) ** (1 / SOFT_MAX_POWER)
+
+
+# ---- caches ---------------------------------------------------------------------------------
+
+
+def _footprints(sites: dict, profiles: dict, l1: bool) -> dict[str, float]:
+    """Lines touched by one run of each loop (per buffer, the largest of its accesses; L1
+    pressure when `l1`), and by the whole program (key "")."""
+    per_buffer: dict[tuple[str, str], float] = defaultdict(float)
+    for name, (_, loops) in sites.items():
+        for fp in profiles[name].footprints:
+            lines = fp.l1_pressure if l1 else fp.lines
+            for d, lp in enumerate(loops):
+                key = (lp.name, fp.access.buffer)
+                per_buffer[key] = max(per_buffer[key], lines[d])
+            key = ("", fp.access.buffer)
+            per_buffer[key] = max(per_buffer[key], lines[0])
+    totals: dict[str, float] = defaultdict(float)
+    for (loop, _), lines in per_buffer.items():
+        totals[loop] += lines
+    return totals
+
+
+def _traffic(fp: _Footprint, loops: tuple[Loop, ...], footprint: dict[str, float],
+             capacity: float) -> float:
+    """Lines an access brings into a level of `capacity` lines (twice that when it writes),
+    weighted by their fill cost."""
+    fits = next((d for d, lp in enumerate(loops) if footprint[lp.name] <= capacity), len(loops))
+    if fits == 0:
+        moved = 0.0 if footprint[""] <= capacity else fp.lines[0]  # warm from the last call
+    else:
+        moved = fp.lines[fits - 1] * math.prod(lp.extent for lp in loops[:fits - 1])
+    return moved * (2 if fp.access.written else 1) * fp.fill_cost

@@ -1,0 +1,153 @@
+"""The analytic cost model: orderings any sane model of the core must get right, and a finite,
+positive prediction with the same named terms for every kind of program the IR allows."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+from eqsched.extract.analytic import KEYS, AnalyticModel
+from eqsched.extract.cost import get_cost_model
+
+from eqsched.egraph.derive import realize
+from eqsched.egraph.space import build_space
+from eqsched.ir import naive_program
+from eqsched.schedule import Schedule
+from eqsched.workloads import get_workload, list_workloads
+
+
+@pytest.fixture(scope="module")
+def model():
+    return AnalyticModel(caches={"L1d": 32768, "L2": 1048576, "L3": 33554432})
+
+
+def matmul(n=512):
+    return naive_program(get_workload("matmul").build(n, n, n))
+
+
+def register_tiled(naive, n=512, cache_write=True, unroll=True, pack=True):
+    """The known-good matmul: an 8x32 register tile (16 zmm accumulators) over the whole k,
+    B packed in 32-wide panels (the brief's SSRSRS schedule, ~104 GFLOPS at 512)."""
+    s = Schedule(naive)
+    s.split("C.i", [1, n // 8, 1, 8])
+    s.split("C.j", [n // 32, 1, 2, 16])
+    s.split("C.k", [n, 1])
+    s.reorder("C.i.0", "C.j.0", "C.i.1", "C.j.1", "C.k.0", "C.i.2", "C.j.2", "C.k.1", "C.i.3",
+              "C.j.3")
+    s.fuse("C.init", at="C.j.1")
+    if cache_write:
+        s.cache_write("C.update", at="C.j.1")
+    if unroll:
+        s.unroll("C.i.3")
+        s.unroll("C.j.2")
+    s.vectorize("C.j.3")
+    if pack:
+        s.pack("C.update", "B", dim=1, factor=32)
+    return s.program
+
+
+def row_streaming(naive, n=512, vectorize=True):
+    """i, k, j with j innermost: C[i, j] updated in memory once per k (no register tile)."""
+    s = Schedule(naive)
+    s.reorder("C.i", "C.k", "C.j")
+    s.split("C.j", [n // 16, 16])
+    if vectorize:
+        s.vectorize("C.j.1")
+    return s.program
+
+
+def test_a_vectorized_loop_beats_the_same_loop_scalar(model):
+    naive = matmul()
+    fast, slow = model.predict([row_streaming(naive), row_streaming(naive, vectorize=False)])
+    assert fast < slow / 4
+
+
+def test_a_register_tile_beats_accumulating_in_memory(model):
+    naive = matmul()
+    tiled, streaming = model.predict([register_tiled(naive), row_streaming(naive)])
+    assert tiled < streaming / 2
+
+
+def test_unrolling_the_register_tile_matters(model):
+    # Without unrolling, the tile loops are serial: one accumulator at a time, in memory.
+    naive = matmul()
+    unrolled, rolled = model.predict([register_tiled(naive), register_tiled(naive, unroll=False)])
+    assert unrolled < rolled / 2
+
+
+def test_the_tiled_matmul_beats_the_naive_one_by_far(model):
+    naive = matmul()
+    tiled, plain = model.predict([register_tiled(naive), naive])
+    assert tiled < plain / 20
+    assert 2 * 512**3 / tiled / 1e9 <= model.peak_gflops  # never faster than the FMA peak
+
+
+def test_the_known_good_program_beats_samples_of_its_space(model):
+    naive = matmul(128)
+    space = build_space(naive)
+    samples = [realize(term, sizes, naive) for term, sizes in space.sample(20, seed=3)]
+    good, *others = model.predict([register_tiled(naive, 128)] + samples)
+    assert good < min(others)
+
+
+def test_every_workloads_naive_program_has_a_finite_positive_prediction(model):
+    programs = [naive_program(w.build(*w.default_size)) for w in list_workloads()]
+    programs += [naive_program(w.build(*w.small_size)) for w in list_workloads()]
+    seconds = model.predict(programs)
+    assert np.all(np.isfinite(seconds)) and np.all(seconds > 0)
+
+
+@pytest.mark.parametrize("workload", ["conv2d_nchw", "softmax", "mm_exp_mm", "elementwise_chain"])
+def test_programs_of_every_kind_get_finite_positive_predictions(model, workload):
+    # Random walks of the space: parallel, unrolled and vector loops, local tiles, packed copies,
+    # inlined stages, padding selects, exp, max reductions, several stages.
+    wl = get_workload(workload)
+    naive = naive_program(wl.build(*wl.small_size))
+    space = build_space(naive)
+    rng = random.Random(0)
+    programs = []
+    for _ in range(400):
+        term = space.walk(lambda slot, nodes: rng.choice(nodes))
+        options = space.size_options(term)
+        if all(options_ for _, options_ in options):
+            sizes = {(group, path): extent for group, choices in options
+                     for path, extent in rng.choice(choices).items()}
+            programs.append(realize(term, sizes, naive))
+        if len(programs) == 10:
+            break
+    assert programs
+    seconds = model.predict(programs)
+    assert np.all(np.isfinite(seconds)) and np.all(seconds > 0)
+
+
+def test_breakdown_keys_are_stable_and_total_is_the_prediction(model):
+    naive = matmul(64)
+    for prog in (naive, register_tiled(naive, 64), row_streaming(naive, 64)):
+        terms = model.breakdown(prog)
+        assert tuple(terms) == KEYS
+        assert all(math.isfinite(v) and v >= 0 for v in terms.values())
+        assert terms["total"] == model.predict([prog])[0]
+
+
+def test_predictions_are_deterministic():
+    naive = matmul(128)
+    programs = [naive, register_tiled(naive, 128)]
+    first = AnalyticModel().predict(programs)
+    assert np.array_equal(first, AnalyticModel().predict(programs))
+    model = AnalyticModel()
+    model.predict(programs)
+    assert np.array_equal(first, model.predict(programs))  # its caches change nothing
+
+
+def test_a_parallel_loop_helps_only_with_several_threads():
+    s = Schedule(row_streaming(matmul(256), 256))
+    s.parallel("C.i")
+    parallel = s.program
+    one, two = AnalyticModel(threads=1), AnalyticModel(threads=2)
+    assert one.predict([parallel])[0] == pytest.approx(two.predict([parallel])[0] * 2, rel=0.05)
+
+
+def test_it_is_registered_by_name_and_rejects_a_bad_thread_count():
+    assert isinstance(get_cost_model("analytic"), AnalyticModel)
+    with pytest.raises(ValueError, match="threads"):
+        AnalyticModel(threads=0)
