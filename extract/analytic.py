@@ -21,9 +21,8 @@ unrolled copy it depends on: that is LLVM's loop-invariant code motion (an accum
 in the innermost loop is promoted to a register, an invariant load or exp is hoisted) and CSE
 across unrolled copies (A[i, k] under an unrolled j is loaded once). An operation that does not
 depend on the vectorized loop is scalar (a broadcast, for loads). A local tile whose accesses
-depend on unrolled and vectorized loops only lives in registers. The registers a carried tile
-needs are its accumulators plus the vector loads reused across unrolled copies (broadcasts fold
-into the FMA); beyond 32 it spills.
+depend on unrolled and vectorized loops only lives in registers. A carried tile's accumulators
+spill beyond 31 registers (operands need none: AVX-512 FMAs read them from memory).
 
 Cache traffic is the classic reuse model: for each access and level, find the outermost loop
 whose body's footprint (distinct lines per buffer, from index strides and extents) fits the
@@ -56,7 +55,7 @@ ISSUE_WIDTH, BIG_BODY_ISSUE_WIDTH, BIG_BODY = 4.0, 2.5, 6000  # instructions; L1
 FMA_LATENCY = 4
 REGISTERS = 32
 REGISTER_TILE_ELEMS = 1024  # larger local tiles are not split into registers
-SPILL_CYCLES = (16.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
+SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
 LOOP_ENTRY_CYCLES = 3.0
 LOOP_INSTRUCTIONS = 2  # increment, compare-and-branch
 GATHER_ALU = 2  # per gathered vector, besides one load unit per lane
@@ -69,7 +68,7 @@ SOFT_MAX_POWER = 4
 # DRAM -> L3 at ~20 GB/s), and the share of the level a working set may fill before conflicts
 # and other data evict it.
 FILL_CYCLES = {"l1_fill": 2.0, "l2_fill": 4.0, "dram": 11.5}
-CACHE_SHARE = {"l1_fill": 0.5, "l2_fill": 0.75, "dram": 0.5}
+CACHE_SHARE = {"l1_fill": 0.75, "l2_fill": 0.75, "dram": 0.5}
 CACHE_OF = {"l1_fill": "L1d", "l2_fill": "L2", "dram": "L3"}
 DEFAULT_CACHES = {"L1d": 32768, "L2": 1048576, "L3": 33554432}
 # ALU ops per evaluation; exp/log/tanh are the backend's straight-line vector math.
@@ -264,7 +263,6 @@ class _BlockCoster:
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
         self.units = dict.fromkeys(("compute", "loads", "stores", "instructions"), 0.0)
-        self.held_registers = 0.0  # vector loads kept across unrolled copies in the body
 
     def profile(self) -> _Profile:
         blk = self.blk
@@ -288,7 +286,7 @@ class _BlockCoster:
                                    if d > self.innermost and d in deps
                                    and lp.kind == LoopKind.UNROLLED)
                 latency = self._count(everywhere) / chains * FMA_LATENCY
-                excess = chains * self._registers(deps) + self.held_registers + 1 - REGISTERS
+                excess = chains * self._registers(deps) + 1 - REGISTERS
                 if excess > 0:
                     once, each = SPILL_CYCLES
                     spills = (once + each * excess) * self._iterations()
@@ -350,12 +348,20 @@ class _BlockCoster:
             self._op("compute", CALL_COST.get(e.fn, 1), deps)
             return deps
         if isinstance(e, Select):
-            cond = self._index_deps(e.cond)
-            deps = cond | self._value(e.a) | self._value(e.b)
-            self._op("compute", 2 * _comparisons(e.cond), cond)
-            self._op("compute", 1, deps)
+            deps = self._condition(e.cond) | self._value(e.a) | self._value(e.b)
+            self._op("compute", 1, deps)  # the blend
             return deps
         return frozenset()
+
+    def _condition(self, c: Expr) -> frozenset[int]:
+        """Each comparison is placed by its own loops: padding's row tests are hoisted out of
+        the column loop, only the column tests are per lane."""
+        if isinstance(c, Cmp) and c.op == "and":
+            deps = self._condition(c.a) | self._condition(c.b)
+        else:
+            deps = self._index_deps(c)
+        self._op("compute", 1, deps)
+        return deps
 
     def _load(self, ld: Load) -> frozenset[int]:
         access = self._access(ld.buffer, ld.indices, written=False)
@@ -375,11 +381,6 @@ class _BlockCoster:
             self._op("compute", GATHER_ALU, placed)
         else:
             self._op("loads", 1, deps)
-        unrolled = [d for d, lp in enumerate(self.loops)
-                    if d > self.innermost and lp.kind == LoopKind.UNROLLED and lp.extent > 1]
-        if self._width(deps) > 1 and any(d not in deps for d in unrolled):
-            copies = math.prod(self.loops[d].extent for d in unrolled if d in deps)
-            self.held_registers += copies * self._registers(deps)
         return deps
 
     def _access(self, buffer: str, indices: tuple[Expr, ...], written: bool) -> _Access:
@@ -481,12 +482,6 @@ def _loads(e: Expr) -> list[Load]:
     return []
 
 
-def _comparisons(cond: Expr) -> int:
-    if isinstance(cond, Cmp) and cond.op == "and":
-        return _comparisons(cond.a) + _comparisons(cond.b) + 1
-    return 1
-
-
 def _lines_touched(terms: list[tuple[int, int]]) -> tuple[float, float]:
     """Distinct cache lines an access touches while loops with (flat stride, extent) run, and
     their L1 pressure.
@@ -512,10 +507,11 @@ def _lines_touched(terms: list[tuple[int, int]]) -> tuple[float, float]:
     lines = per_run * math.prod(count for _, count in copies)
     if not copies:
         return lines, lines
-    stride, count = copies[0]
-    spread = min(count, L1_SETS // math.gcd(stride // LINE_ELEMS, L1_SETS)) \
-        if stride % LINE_ELEMS == 0 else count
-    sets = min(L1_SETS, math.ceil(per_run) * spread)
+    sets = math.ceil(per_run)
+    for stride, count in copies:  # repeats a multiple of 4 KiB apart share their sets
+        sets *= min(count, L1_SETS // math.gcd(stride // LINE_ELEMS, L1_SETS)) \
+            if stride % LINE_ELEMS == 0 else count
+    sets = min(L1_SETS, sets)
     return lines, lines * L1_SETS / sets if lines / sets > L1_WAYS else lines
 
 
@@ -549,8 +545,20 @@ def _traffic(fp: _Footprint, loops: tuple[Loop, ...], footprint: dict[str, float
     """Lines an access brings into a level of `capacity` lines (twice that when it writes),
     weighted by their fill cost."""
     fits = next((d for d, lp in enumerate(loops) if footprint[lp.name] <= capacity), len(loops))
-    if fits == 0:
-        moved = 0.0 if footprint[""] <= capacity else fp.lines[0]  # warm from the last call
-    else:
-        moved = fp.lines[fits - 1] * math.prod(lp.extent for lp in loops[:fits - 1])
+    moved = _moved(fp, loops, footprint, capacity, fits)
+    outside = footprint[loops[fits - 1].name] if fits else footprint[""]
+    if capacity < outside < 2 * capacity:  # LRU keeps part of a working set a bit too large
+        share = (outside - capacity) / capacity
+        moved = share * moved + (1 - share) * _moved(fp, loops, footprint, capacity, fits - 1)
     return moved * (2 if fp.access.written else 1) * fp.fill_cost
+
+
+def _moved(fp: _Footprint, loops: tuple[Loop, ...], footprint: dict[str, float],
+           capacity: float, fits: int) -> float:
+    """Lines brought in when loops from `fits` inward keep their data (-1: the whole program,
+    warm from the previous call)."""
+    if fits < 0:
+        return 0.0
+    if fits == 0:
+        return 0.0 if footprint[""] <= capacity else fp.lines[0]
+    return fp.lines[fits - 1] * math.prod(lp.extent for lp in loops[:fits - 1])
