@@ -1,0 +1,129 @@
+"""Program features: one fixed-length finite vector per program, whose entries say what the
+schedule did (vector lanes, register tile, local accumulator, packing, strides, cache traffic)."""
+
+import numpy as np
+import pytest
+from eqsched.extract.features import FEATURE_NAMES, cache_bytes, features
+
+from eqsched.ir import Program, naive_program
+from eqsched.schedule import Schedule
+from eqsched.workloads import get_workload, list_workloads
+
+
+def matmul(*size: int) -> Schedule:
+    return Schedule(naive_program(get_workload("matmul").build(*size)))
+
+
+def named(prog: Program) -> dict[str, float]:
+    x = features(prog)
+    assert x.shape == (len(FEATURE_NAMES),) and x.dtype == np.float64
+    assert np.all(np.isfinite(x))
+    return dict(zip(FEATURE_NAMES, x))
+
+
+def register_tiled(sch: Schedule) -> Schedule:
+    """An 8x32 register tile over 32-wide panels of B, parallel over column panels."""
+    sch.pack("C.update", "B", dim=1, factor=32)
+    sch.split("C.i", [-1, 8])
+    sch.split("C.j", [-1, 2, 16])
+    sch.reorder("C.j.0", "C.i.0", "C.k", "C.i.1", "C.j.1", "C.j.2")
+    sch.fuse("C.init", at="C.i.0")
+    sch.cache_write("C.update", at="C.i.0")
+    sch.unroll("C.i.1")
+    sch.unroll("C.j.1")
+    sch.vectorize("C.j.2")
+    sch.vectorize("C.init.j.2")
+    sch.vectorize("C.write.j.2")
+    sch.parallel("C.j.0")
+    return sch
+
+
+def test_feature_names_are_distinct():
+    assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES)
+
+
+@pytest.mark.parametrize("wl", list_workloads(), ids=lambda w: w.name)
+def test_every_workload_naive_program_has_finite_features(wl):
+    f = named(naive_program(wl.build(*wl.small_size)))
+    assert f["blocks"] >= 1 and f["log2_flops"] > 0
+    assert f["innermost_vectorized"] == 0 and f["accumulates_locally"] == 0
+
+
+def test_naive_matmul_reads_b_with_a_gather_along_k():
+    f = named(matmul(64, 64, 64).program)
+    # The update's distinct accesses along k: C broadcast, A unit stride, B a column (gather).
+    assert f["gather_share"] > 0.3 and f["unit_stride_share"] > 0.3
+    assert f["reduction"] > 0.9  # the update dominates the iterations
+    assert f["copy_blocks"] == 0 and f["packed_buffers"] == 0
+
+
+def test_register_tiled_matmul_features_name_each_transformation():
+    f = named(register_tiled(matmul(128, 128, 128)).program)
+    assert f["innermost_vectorized"] > 0.99 and f["vector_lane_fill"] > 0.99
+    assert f["log2_vector_lanes"] == pytest.approx(4, abs=0.05)
+    # 8 x 2 x 16 elements in the update; its init and write-back copies weigh little
+    assert f["log2_register_tile"] == pytest.approx(8, abs=0.25)
+    assert f["log2_tile_registers"] == pytest.approx(4, abs=0.1)  # 16 zmm registers
+    assert f["log2_register_spill"] == 0
+    assert f["accumulates_locally"] > 0.9
+    assert f["log2_local_bytes"] == pytest.approx(10, abs=0.25)  # 8 x 32 floats
+    assert f["packed_buffers"] == 1 and f["local_buffers"] == 1 and f["copy_blocks"] == 2
+    assert f["parallel_point_share"] > 0.9 and f["gather_share"] == 0
+
+
+def test_each_schedule_step_changes_the_features():
+    sch = matmul(64, 64, 64)
+    seen = [features(sch.program)]
+    sch.reorder("C.i", "C.k", "C.j")
+    seen.append(features(sch.program))
+    sch.split("C.j", [-1, 16])
+    sch.vectorize("C.j.1")
+    seen.append(features(sch.program))
+    sch.split("C.i", [-1, 4])
+    sch.reorder("C.i.0", "C.k", "C.i.1")
+    sch.unroll("C.i.1")
+    seen.append(features(sch.program))
+    sch.parallel("C.i.0")
+    seen.append(features(sch.program))
+    for before, after in zip(seen, seen[1:]):
+        assert not np.allclose(before, after)
+
+
+def test_interchange_to_ikj_removes_the_gather_and_cuts_cache_traffic():
+    naive = named(matmul(256, 256, 256).program)
+    sch = matmul(256, 256, 256)
+    sch.reorder("C.i", "C.k", "C.j")
+    ikj = named(sch.program)
+    assert naive["gather_share"] > 0 and ikj["gather_share"] == 0
+    assert ikj["log2_traffic_L1_per_flop"] < naive["log2_traffic_L1_per_flop"]
+
+
+def test_register_tile_beyond_the_register_file_counts_as_spill():
+    sch = matmul(64, 64, 64)
+    sch.split("C.i", [-1, 64])
+    sch.split("C.j", [-1, 16])
+    sch.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
+    sch.unroll("C.i.1")
+    sch.vectorize("C.j.1")
+    f = named(sch.program)
+    assert f["log2_tile_registers"] > 5.9 and f["log2_register_spill"] > 0.9
+
+
+def test_scheduled_programs_of_other_workloads_have_finite_features():
+    conv = get_workload("conv2d_nchw")
+    sch = Schedule(naive_program(conv.build(*conv.small_size)))
+    sch.inline("Xpad")
+    sch.vectorize("Y.init.q")
+    named(sch.program)
+    chain = get_workload("elementwise_chain")
+    sch = Schedule(naive_program(chain.build(64)))
+    sch.split("Z.i", [-1, 16])
+    sch.vectorize("Z.i.1")
+    sch.parallel("Z.i.0")
+    f = named(sch.program)
+    assert f["parallel_point_share"] > 0
+
+
+def test_cache_sizes_are_positive_and_ordered():
+    l1, l2, l3 = cache_bytes()
+    assert 0 < l1 < l2 <= l3
