@@ -1,0 +1,179 @@
+"""A cost model learned from measurements: ridge regression of log time on program features,
+anchored at a prior model and used only where it ranks better than the prior.
+
+Until `min_samples` programs are measured it predicts exactly what its prior (the analytic model
+by default) predicts. From then on it fits
+
+    log(seconds) = log(prior) + b + w . z
+
+where z are `features(prog)` and log(prior) itself, standardized over the measured programs. The
+ridge penalty pulls w towards zero, that is towards the prior: a few measurements correct the
+prior rather than replace it (ridge towards the mean time ranked held-out programs worse).
+New programs' features are clipped to the range seen in training, because a feature that barely
+varied in 8 samples has a tiny standard deviation and would swing predictions far outside it.
+The fit is kept only if its leave-one-out ranking of the measured programs (closed form) beats
+the prior's ranking of them; otherwise the model goes on predicting the prior.
+
+Why the check: on random programs of six workloads (held-out Spearman, 8-64 measured), the
+analytic prior ranks 0.77-0.94 and an unchecked fit lowered that by up to 0.04 within a workload
+and 0.13 across workloads, while the checked model stays within 0.01 of the prior. Against a
+weak prior (iteration counts, 0.11-0.76) the fit raises it to 0.53-0.79 from 32 samples.
+
+    model = LearnedModel(prior=MyPrior())         # or prior="analytic", a registered name
+    model.predict(programs)                       # seconds; the prior's while data is scarce
+    model.update(measured, seconds)               # stores everything and refits
+    model.validation                              # {"learned": 0.81, "prior": 0.74} Spearman
+    restored = LearnedModel.from_state(model.state(), prior=MyPrior())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from eqsched.ir import Program
+
+from .cost import CostModel, CostModelError, get_cost_model, register, spearman
+from .features import FEATURE_NAMES, features
+
+_TINY = 1e-12
+
+
+def _as_prior(prior: CostModel | str | None) -> CostModel | None:
+    if prior is None or isinstance(prior, CostModel):
+        return prior
+    if isinstance(prior, str):
+        if prior == LearnedModel.name:
+            raise CostModelError("a learned model cannot be its own prior")
+        return get_cost_model(prior)
+    raise CostModelError(f"prior must be a cost model, a registered name or None, not {prior!r}")
+
+
+class _Ridge:
+    """Closed-form ridge on standardized inputs, fitted to the residual y - offset."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, offset: np.ndarray, l2: float):
+        self.low, self.high = x.min(axis=0), x.max(axis=0)
+        self.mean = x.mean(axis=0)
+        scale = x.std(axis=0)
+        self.scale = np.where(scale > _TINY, scale, 1.0)  # constant columns carry no weight
+        z = (x - self.mean) / self.scale
+        target = y - offset
+        self.bias = float(target.mean())
+        inverse = np.linalg.inv(z.T @ z + l2 * np.eye(z.shape[1]))
+        self.weights = inverse @ (z.T @ (target - self.bias))
+        # Leave-one-out predictions from the hat matrix (centering counts as one more parameter).
+        leverage = np.einsum("ij,jk,ik->i", z, inverse, z) + 1.0 / len(y)
+        fitted = offset + self.bias + z @ self.weights
+        self.left_out = y - (y - fitted) / np.clip(1.0 - leverage, _TINY, None)
+
+    def __call__(self, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        # No extrapolation: a feature counts only as far as the training data varied it.
+        x = np.clip(x, self.low, self.high)
+        return offset + self.bias + ((x - self.mean) / self.scale) @ self.weights
+
+
+@register
+class LearnedModel(CostModel):
+    """Features of the program (plus the prior's log prediction) -> log seconds, by ridge
+    regression anchored at the prior; the prior alone while it ranks the measurements better.
+    `l2` is the penalty on standardized weights: with 1 the unchecked fit ranked held-out
+    programs up to 0.13 lower than with 100, larger values only approach the prior.
+    `validation` holds the last refit's leave-one-out Spearman of the fit and the prior's
+    Spearman on the measured programs."""
+
+    name = "learned"
+
+    def __init__(self, prior: CostModel | str | None = "analytic", min_samples: int = 8,
+                 l2: float = 100.0, seed: int = 0):
+        if min_samples < 3:
+            raise CostModelError(f"min_samples must be at least 3, got {min_samples}")
+        if not l2 > 0:
+            raise CostModelError(f"l2 must be positive, got {l2}")
+        self.prior = _as_prior(prior)
+        self.min_samples = min_samples
+        self.l2 = float(l2)
+        self.seed = seed  # the fit is deterministic; kept for the common model signature
+        self._x = np.empty((0, len(FEATURE_NAMES) + 1))
+        self._y = np.empty(0)
+        self._fit: _Ridge | None = None
+        self.validation: dict[str, float] = {}
+
+    @property
+    def samples(self) -> int:
+        """How many measurements the model has seen."""
+        return len(self._y)
+
+    @property
+    def fitted(self) -> bool:
+        """Whether predictions come from the fit (else from the prior)."""
+        return self._fit is not None
+
+    def predict(self, programs: Sequence[Program]) -> np.ndarray:
+        if self._fit is None:
+            return self._prior_seconds(programs)
+        log_prior = self._log_prior(programs)
+        return np.exp(self._fit(self._inputs(programs, log_prior), log_prior))
+
+    def update(self, programs: Sequence[Program], seconds: Sequence[float]) -> None:
+        seconds = np.asarray(seconds, dtype=float)
+        if len(programs) != len(seconds):
+            raise CostModelError(f"{len(programs)} programs but {len(seconds)} times")
+        if not np.all(np.isfinite(seconds) & (seconds > 0)):
+            raise CostModelError("measured times must be finite and positive (filter errors out)")
+        if not len(programs):
+            return
+        x = self._inputs(programs, self._log_prior(programs))
+        self._x = np.vstack([self._x, x])
+        self._y = np.concatenate([self._y, np.log(seconds)])
+        self._refit()
+
+    def _prior_seconds(self, programs: Sequence[Program]) -> np.ndarray:
+        if self.prior is None:
+            return np.ones(len(programs))
+        return np.asarray(self.prior.predict(programs), dtype=float)
+
+    def _log_prior(self, programs: Sequence[Program]) -> np.ndarray:
+        return np.log(np.clip(self._prior_seconds(programs), _TINY, None))
+
+    @staticmethod
+    def _inputs(programs: Sequence[Program], log_prior: np.ndarray) -> np.ndarray:
+        rows = [features(p) for p in programs]
+        return np.column_stack([np.array(rows).reshape(len(rows), len(FEATURE_NAMES)), log_prior])
+
+    def _refit(self) -> None:
+        self._fit, self.validation = None, {}
+        if self.samples < self.min_samples:
+            return
+        log_prior = self._x[:, -1]
+        fit = _Ridge(self._x, self._y, log_prior, self.l2)
+        # Spearman is undefined (None) for tied predictions: a prior that ties everything
+        # ranks nothing.
+        self.validation = {"learned": spearman(fit.left_out, self._y) or 0.0,
+                           "prior": spearman(log_prior, self._y) or 0.0}
+        if self.validation["learned"] > self.validation["prior"]:
+            self._fit = fit
+
+    # ---- persistence ----------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """JSON-able: the settings and the training data (the fit is recomputed on load)."""
+        return {"min_samples": self.min_samples, "l2": self.l2, "seed": self.seed,
+                "features": list(FEATURE_NAMES),
+                "x": self._x.tolist(), "log_seconds": self._y.tolist()}
+
+    @classmethod
+    def from_state(cls, state: dict, prior: CostModel | str | None = "analytic") -> LearnedModel:
+        """A model trained on the data in `state`; its prior is not stored and is given again
+        (it must be the same prior: the stored inputs include its log predictions)."""
+        if state.get("features") != list(FEATURE_NAMES):
+            raise CostModelError("the saved learned model was trained on other features")
+        model = cls(prior, state["min_samples"], state["l2"], state["seed"])
+        x = np.asarray(state["x"], dtype=float).reshape(-1, len(FEATURE_NAMES) + 1)
+        y = np.asarray(state["log_seconds"], dtype=float)
+        if len(x) != len(y) or not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+            raise CostModelError("the saved learned model's data is malformed")
+        model._x, model._y = x, y
+        model._refit()
+        return model
