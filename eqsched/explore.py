@@ -143,7 +143,6 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             measure_naive: bool = True, progress: Progress | None = None) -> ExploreResult:
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for
     `trials` candidates and/or `seconds` of wall time; see the module docstring."""
-    from .extract import get_cost_model
     from .extract.cost import kendall, spearman
     from .extract.search import EvolutionarySearch
     from .rules import resolve
@@ -157,7 +156,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     say = progress or (lambda event, data: None)
     database = db if isinstance(db, Database) else Database(db)
     try:
-        model = get_cost_model(cost_model)
+        model = _cost_model(cost_model, settings.options().thread_count)
         chosen_rules = resolve(rules)
     except Exception:
         if not isinstance(db, Database):
@@ -272,6 +271,18 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         if not isinstance(db, Database):
             database.close()
     return result
+
+
+def _cost_model(spec: Any, threads: int) -> Any:
+    """A model by name or object; the built-in models predict for the measured thread count."""
+    from .extract import get_cost_model
+    from .extract.analytic import AnalyticModel
+
+    if spec == "analytic":
+        return AnalyticModel(threads=threads)
+    if spec == "learned":
+        return get_cost_model("learned", prior=AnalyticModel(threads=threads))
+    return get_cost_model(spec)
 
 
 def _measurement_key(prog: Program, settings: Settings) -> str:

@@ -7,12 +7,14 @@
 - `cost`: the CostModel interface (one method, `predict`; learners also `update`), the registry
   (`get_cost_model(name or object)`), a random baseline, rank correlations.
 - `analytic`: a cycle model of this CPU (ports, FMA latency, register tiles, cache reuse).
+- `features` + `learned`: program features and a ridge model on them, fitted online to this
+  run's measurements around the analytic prior (used only when it ranks them better).
 - `search`: an evolutionary search over a walk's choices of e-nodes and tile sizes.
 - `baseline`: egglog's own extractor (smallest term), the yardstick for the search.
 A new cost model is one file: subclass `CostModel`, decorate it with `@register`.
 """
 
-from . import analytic  # noqa: F401  (importing a model's module registers it)
+from . import analytic, learned  # noqa: F401  (importing a model's module registers it)
 from .cost import COST_MODELS, CostModel, CostModelError, get_cost_model, register
 from .search import Candidate, EvolutionarySearch
 
