@@ -210,6 +210,54 @@ def test_a_missing_sibling_piece_is_refused():
         hand_space(Term((L("C.j", "0/2", INIT),))).count()
 
 
+def test_a_piece_split_two_ways_is_refused():
+    two = L("C.j", "0/2", L("C.j", "1/2", INIT))
+    four = L("C.j", "0/4", L("C.j", "1/4", L("C.j", "2/4", L("C.j", "3/4", UPDATE))))
+    with pytest.raises(SpaceError, match="both 2 and 4 ways|both 4 and 2 ways"):
+        hand_space(Term((two, four))).count()
+
+
+# A space where one group's tree differs between the nests that share it: the update nest splits
+# piece 1/2 of C.j again, the init nest does not, so the init nest's counts are lifted to the
+# deeper tree; limits come from loops of both nests (vector lanes, unroll <= 16) and the
+# alternatives mix the deeper tree with an unsplit update nest.
+def deep_update(kind="serial"):
+    return L("C.i", "", L("C.j", "0/2", L("C.j", "1/2.0/2", L(
+        "C.j", "1/2.1/2", L("C.k", "", UPDATE), kind=kind))))
+
+
+INIT_SPLIT = L("C.i", "", SPLIT_INIT_J)
+DEEP = Term((INIT_SPLIT, deep_update()))
+DEEP_UNIONS = [
+    (L("C.j", "1/2", INIT), L("C.j", "1/2", INIT, kind="vector")),
+    (L("C.j", "1/2", INIT), L("C.j", "1/2", INIT, kind="unroll")),
+    (L("C.j", "1/2.1/2", L("C.k", "", UPDATE)),
+     L("C.j", "1/2.1/2", L("C.k", "", UPDATE), kind="vector")),
+    (L("C.j", "1/2.1/2", L("C.k", "", UPDATE)),
+     L("C.j", "1/2.1/2", L("C.k", "", UPDATE), kind="unroll")),
+    (deep_update(), UPDATE_NEST),
+    (INIT_SPLIT, INIT_NEST),
+]
+
+
+@pytest.mark.parametrize("extents", [(4, 16, 2), (3, 32, 2)])
+def test_a_tree_split_deeper_in_one_nest_counts_like_brute_force(extents):
+    naive = naive_program(get_workload("matmul").build(*extents))
+    sp = hand_space(DEEP, DEEP_UNIONS, naive)
+    programs, brute = sp.enumerate(limit=100_000), brute_force(sp)
+    assert len(programs) == sp.count() == len(brute) > 0
+    assert as_set(programs) == brute
+    assert all(sp.contains(t, s) for t, s in programs)
+
+
+def test_whole_extent_limits_decide_at_once():
+    # C.j has 16 = a vector width; C.i has 4, no vector width.
+    vector_j = Term((L("C.i", "", L("C.j", "", INIT, kind="vector")),))
+    vector_i = Term((L("C.j", "", L("C.i", "", INIT, kind="vector")),))
+    assert hand_space(vector_j).count() == 1
+    assert hand_space(vector_i).count() == 0
+
+
 def test_a_cycle_is_refused_naming_its_classes():
     eg = EGraph()
     top = eg.let("top", root_expr(NAIVE_TERM))

@@ -5,23 +5,34 @@ holds the cons list it evaluates to) plus an extent for every piece symbol the c
 uses. Structure and sizes are counted together because kinds constrain sizes: a vector piece has
 8..64 lanes, an unroll piece at most 16 iterations (`term.extent_allowed`).
 
-    node count  = {constraint key: count}   key = {(group, path, vector|unroll|"") of its loops}
-                = children's counts merged key by key (keys unite, counts multiply)
-    class count = its nodes' counts added, then its *settled* groups multiplied out
-    programs    = the root's count (every group is settled at the root)
-
 A group's size assignments are the ordered factorizations of its extent down the split tree its
-paths form, every piece's extent allowed for every kind it occurs with (a piece vectorized in one
-place and serial in another takes the vector constraint); a pack factor is any divisor > 1 of the
-packed dimension. A group is settled at a class when no program uses it outside that class: its
-constraints are complete there, so its assignments multiply the count and its bits leave the key.
-Without settling, the keys at the root are the product of every group's variety (167k keys and
-46 s for a small matmul; 0.7 s with it). Keys are ints, one bit per constraint triple. Counts are
-exact Python ints.
+paths form (a pack factor is any divisor > 1 of the packed dimension). Each assignment satisfies
+some of the group's *limits* (piece p in vector lanes, piece p unrollable); the assignments that
+satisfy the same ones form a *profile*. A group has few profiles (matmul 1024³: 11, 16 and 3, of
+286, 286 and 11 assignments) while the limit sets programs put on it are many, and a program's
+limits are satisfied exactly when each loop's are. So counts are kept per profile:
+
+    table       = {tree key: array over the profiles of the groups split in the key}
+                  tree key = one bit per split piece (and its ancestors) and per packed operand
+                  array[p] = the structures whose every limit the profile p satisfies
+    node table  = its loop's table times its children's (keys unite, arrays multiply pointwise)
+    class table = its nodes' tables added, then its *settled* groups summed out:
+                  array <- sum over p of array[p] x (assignments in p); their bits leave the key
+    programs    = the root's table (every group is settled at the root)
+
+A group is settled at a class when no program uses it outside that class: its tree is complete
+there. A limit on a whole extent (path "") is known at once: a loop breaking it has no program.
+Keyed by the limit sets themselves (the first design), mm_exp_mm had 10⁵ keys per class and its
+count did not finish in minutes; by profile its largest array has 11 x 16 x 19 entries. Arrays
+are numpy object arrays of exact Python ints, one axis per group that some program splits (size 1
+where a table does not depend on the group). A table whose tree for a group is part of a larger
+one (a split piece split again elsewhere) is lifted: each profile of the larger tree restricts to
+one of the smaller.
 
 Every program has an index in [0, count): `program(index)` unranks it, `sample` draws indices
 uniformly, `enumerate` walks them. The order depends only on content: nodes are sorted by a hash
-of their op, literals and children's hashes, never by egglog's ids (they vary run to run).
+of their op, literals and children's hashes, never by egglog's ids (they vary run to run); keys,
+profiles and assignments are ordered by the constraints and extents they stand for.
 
 The root list is read in one spelling, the one the rules write and `lang.root_expr` mirrors:
 inlined stages first, then the statements, then the packs at its tail; any other interleaving
@@ -35,11 +46,13 @@ import json
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import cache
 from itertools import product
 from typing import Any
+
+import numpy as np
 
 from ..ir import Program
 from .facts import Facts, facts_of
@@ -55,12 +68,15 @@ from .term import (
     Term,
     extent_allowed,
     parent_path,
+    split_path,
     symbols,
     walk,
 )
 
 Key = frozenset  # of (group, path, constraint); a pack is ("pack:" + buffer, "", "pack:<dim>")
 Slot = tuple[str, int]  # (e-class, root phase); the phase is 0 outside the root list
+Table = dict[int, np.ndarray]  # tree key -> counts by profile
+Omega = tuple[int, ...]  # a profile index per array axis (0 on an axis a table does not split)
 
 INLINES, STMTS, PACKS = 0, 1, 2  # the part of the root list a class may start in, in order
 PROGRAM_OPS = {"nil", "cons", "loop", "block", "cached", "rnil", "rcons", "inlined", "packed"}
@@ -79,7 +95,20 @@ class _Node:
     children: tuple[Slot, ...]  # the children that carry program structure
     triples: Key  # the constraints this node adds
     digest: str
-    own: int = 0  # the same as a bit set (`Space._bit`)
+    own: int = 0  # its tree key (`Space._bit`)
+
+
+@dataclass(frozen=True)
+class _Profiles:
+    """The size assignments of one split tree of a group, by the limits they satisfy."""
+
+    masks: tuple[int, ...]  # the limits satisfied (`Space._limit_bit`), one per profile, sorted
+    assignments: tuple[tuple[dict[str, int], ...], ...]  # {path: extent} per profile
+    limits: int  # every limit on a path of this tree
+
+    @property
+    def weights(self) -> list[int]:
+        return [len(a) for a in self.assignments]
 
 
 def _constraint(kind: str) -> str:
@@ -96,11 +125,46 @@ def _allowed(op: str, phase: int) -> bool:
     return True
 
 
+def _lineage(path: str) -> list[str]:
+    """The piece and the pieces it was split from, the whole extent "" excluded."""
+    out = []
+    while path:
+        out.append(path)
+        path = parent_path(path)[0]
+    return out
+
+
 def _ordered_factorizations(extent: int, ways: int) -> list[tuple[int, ...]]:
     if ways == 1:
         return [(extent,)]
     return [(d,) + rest for d in range(1, extent + 1) if extent % d == 0
             for rest in _ordered_factorizations(extent // d, ways - 1)]
+
+
+def _assignments(children: dict[str, list[str]], path: str, extent: int,
+                 allowed: Callable[[str, int], bool] = lambda path, extent: True,
+                 ) -> list[dict[str, int]]:
+    """Every {path: extent} of the split tree below `path` (`children`: the pieces of each split
+    piece, outer to inner) whose extents are `allowed`."""
+    if not allowed(path, extent):
+        return []
+    kids = children.get(path)
+    if not kids:
+        return [{path: extent}]
+    out = []
+    for factors in _ordered_factorizations(extent, len(kids)):
+        for parts in product(*(_assignments(children, k, f, allowed)
+                               for k, f in zip(kids, factors))):
+            merged = {path: extent}
+            for part in parts:
+                merged.update(part)
+            out.append(merged)
+    return out
+
+
+def _value(array: np.ndarray, omega: Omega) -> int:
+    """The count at profile indices `omega` (an axis of size 1 holds it for every profile)."""
+    return array[tuple(i if n > 1 else 0 for i, n in zip(omega, array.shape))]
 
 
 class Space:
@@ -122,16 +186,16 @@ class Space:
         self._order: list[str] = []  # reachable program classes, children before parents
         self._parse()
         self._index_constraints()
-        self._nodes = {cid: [replace(n, own=sum(self._bit[t] for t in n.triples)) for n in nodes]
-                       for cid, nodes in self._nodes.items()}
-        # Counts by constraint key (an int, one bit per triple): per node, per slot before and
-        # after settling groups, and the tables unranking walks.
-        self._node_counts: dict[int, dict[int, int]] = {}
-        self._raw_counts: dict[Slot, dict[int, int]] = {}
-        self._counts: dict[Slot, dict[int, int]] = {}
+        # Tables per node, per slot before and after settling groups, and what unranking needs.
+        self._node_tables: dict[int, Table] = {}
+        self._raw_tables: dict[Slot, Table] = {}
+        self._tables: dict[Slot, Table] = {}
         self._structure_counts: dict[Slot, int] = {}
-        self._settle_tables: dict[Slot, dict[int, list[tuple[int, int, int]]]] = {}
-        self._combo_cache: dict[tuple[int, int], list[tuple[tuple[int, ...], int]]] = {}
+        self._settled_into: dict[Slot, dict[int, list[int]]] = {}
+        self._combo_cache: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self._profile_cache: dict[tuple[str, int], _Profiles] = {}
+        self._restriction_cache: dict[tuple[str, int, int], list[int]] = {}
+        self._complete_trees: set[tuple[str, int]] = set()
         self._group_sizes_cache: dict[tuple[str, frozenset], list[dict[str, int]]] = {}
         # Membership is matched top-down; shared subterms meet shared classes again.
         self._has_body = cache(self._has_body)
@@ -232,13 +296,29 @@ class Space:
     # ---- counting --------------------------------------------------------------------------
 
     def _index_constraints(self) -> None:
-        """Give every constraint triple a bit (in content order) and find, for each class, the
-        groups that no program can use outside it: their sizes are settled there."""
-        triples = sorted({t for nodes in self._nodes.values() for n in nodes for t in n.triples})
-        self._bit = {t: 1 << i for i, t in enumerate(triples)}
+        """Give every tree-key atom and every limit a bit (in content order), every group some
+        program splits an array axis, and find, for each class, the groups that no program can
+        use outside it: their sizes are settled there."""
+        atoms, limits = set(), set()
+        for nodes in self._nodes.values():
+            for n in nodes:
+                for group, path, constraint in n.triples:
+                    if constraint.startswith("pack:"):
+                        atoms.add((group, path, constraint))
+                        continue
+                    atoms |= {(group, p, "") for p in _lineage(path)}
+                    if path and constraint:
+                        limits.add((group, path, constraint))
+        self._bit = {a: 1 << i for i, a in enumerate(sorted(atoms))}
+        self._limit_bit = {t: 1 << i for i, t in enumerate(sorted(limits))}
         self._group_mask: dict[str, int] = defaultdict(int)
         for (group, _, _), bit in self._bit.items():
             self._group_mask[group] |= bit
+        split = sorted({g for g, _, c in atoms if not c.startswith("pack:")})
+        self._axis = {g: i for i, g in enumerate(split)}
+        self._ndim = max(len(split), 1)  # numpy returns 0-d object results as bare scalars
+        self._nodes = {cid: [replace(n, own=self._key_of_triples(n.triples)) for n in nodes]
+                       for cid, nodes in self._nodes.items()}
         below: dict[str, set[str]] = {}
         for cid in self._order:
             below[cid] = set()
@@ -255,61 +335,105 @@ class Space:
                     outside[child] |= around.union(*siblings)
         self._settled = {cid: sorted(below[cid] - outside[cid]) for cid in self._order}
 
+    def _key_of_triples(self, triples: Key) -> int:
+        key = 0
+        for group, path, constraint in triples:
+            if constraint.startswith("pack:"):
+                key |= self._bit[(group, path, constraint)]
+            else:
+                key |= sum(self._bit[(group, p, "")] for p in _lineage(path))
+        return key
+
     def _slot_nodes(self, slot: Slot) -> list[_Node]:
         return [n for n in self._nodes[slot[0]] if _allowed(n.op, slot[1])]
 
-    def _merge(self, a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
-        out: dict[int, int] = defaultdict(int)
+    def _along(self, group: str, values: list[int]) -> np.ndarray:
+        """`values` as an array varying along the group's axis only."""
+        shape = [1] * self._ndim
+        shape[self._axis[group]] = len(values)
+        return np.array(values, dtype=object).reshape(shape)
+
+    def _own_table(self, node: _Node) -> Table:
+        ones = np.ones((1,) * self._ndim, dtype=object)
+        if node.op != "loop":
+            return {node.own: ones}
+        (group, path, limit), = node.triples
+        if not limit:
+            return {node.own: ones}
+        if not path:  # the whole extent is known
+            return {node.own: ones} if extent_allowed(limit, self.facts.extents[group]) else {}
+        bit = self._limit_bit[(group, path, limit)]
+        fits = self._along(group, [int(bool(m & bit)) for m in
+                                   self._profiles(group, node.own & self._group_mask[group]).masks])
+        return {node.own: fits} if fits.any() else {}
+
+    def _lift(self, array: np.ndarray, key: int, wider: int) -> np.ndarray:
+        """`array` of tree key `key` as an array of `wider`, a superset of it."""
+        if key == wider:
+            return array
+        for group, axis in self._axis.items():
+            mask = self._group_mask[group]
+            if array.shape[axis] > 1 and key & mask != wider & mask:
+                array = np.take(array, self._restriction(group, wider & mask, key & mask),
+                                axis=axis)
+        return array
+
+    def _merge(self, a: Table, b: Table) -> Table:
+        out: Table = {}
         for ka, va in a.items():
             for kb, vb in b.items():
-                out[ka | kb] += va * vb
+                key = ka | kb
+                both = self._lift(va, ka, key) * self._lift(vb, kb, key)
+                out[key] = out[key] + both if key in out else both
         return out
 
-    def _count_node(self, node: _Node) -> dict[int, int]:
-        out = self._node_counts.get(node.index)
+    def _node_table(self, node: _Node) -> Table:
+        out = self._node_tables.get(node.index)
         if out is None:
-            out = {node.own: 1}
+            out = self._own_table(node)
             for child in node.children:
-                out = self._merge(out, self._count_slot(child))
-            self._node_counts[node.index] = out
+                out = self._merge(out, self._slot_table(child))
+            self._node_tables[node.index] = out
         return out
 
-    def _raw_slot(self, slot: Slot) -> dict[int, int]:
-        """Structures of the slot by constraint key, sizes of no group settled here yet."""
-        out = self._raw_counts.get(slot)
+    def _raw_table(self, slot: Slot) -> Table:
+        """Structures of the slot by tree key and profile, sizes of no group settled here yet."""
+        out = self._raw_tables.get(slot)
         if out is None:
-            acc: dict[int, int] = defaultdict(int)
+            out = {}
             for node in self._slot_nodes(slot):
-                for key, n in self._count_node(node).items():
-                    acc[key] += n
-            out = self._raw_counts[slot] = dict(acc)
+                for key, array in self._node_table(node).items():
+                    out[key] = out[key] + array if key in out else array
+            self._raw_tables[slot] = out
         return out
 
-    def _count_slot(self, slot: Slot) -> dict[int, int]:
-        """Programs of the slot by the constraint key of its open groups: the groups settled
-        here are multiplied by their size assignments and leave the key."""
-        out = self._counts.get(slot)
+    def _slot_table(self, slot: Slot) -> Table:
+        """Programs of the slot by the tree key and profiles of its open groups: the groups
+        settled here are summed over their profiles, weighted by their assignments."""
+        out = self._tables.get(slot)
         if out is None:
-            out = defaultdict(int)
-            for key, n in self._raw_slot(slot).items():
-                open_key, assignments = self._settle(slot, key)
-                if assignments:
-                    out[open_key] += n * assignments
-            out = self._counts[slot] = dict(out)
+            out = {}
+            for key, array in self._raw_table(slot).items():
+                open_key, settled = self._settle(slot, key, array)
+                if settled.any():
+                    out[open_key] = out[open_key] + settled if open_key in out else settled
+            self._tables[slot] = out
         return out
 
-    def _settle(self, slot: Slot, key: int) -> tuple[int, int]:
-        assignments = 1
-        for group in self._settled[slot[0]]:
-            part = key & self._group_mask[group]
-            if part:
-                assignments *= len(self._options(group, part))
-                key &= ~part
-        return key, assignments
+    def _settle(self, slot: Slot, key: int, array: np.ndarray) -> tuple[int, np.ndarray]:
+        for group, part in self._settling_groups(slot, key):
+            if group in self._axis:
+                weights = self._along(group, self._complete(group, part).weights)
+                array = (array * weights).sum(axis=self._axis[group], keepdims=True)
+            else:
+                array = array * len(self._options(group, part))
+            key &= ~part
+        return key, array
 
-    def _options(self, group: str, part: int) -> list[dict[str, int]]:
-        uses = frozenset((p, c) for (g, p, c), bit in self._bit.items() if bit & part)
-        return self._group_sizes(group, uses)
+    def _settling_groups(self, slot: Slot, key: int) -> list[tuple[str, int]]:
+        """(group, its part of the key) for the groups settled at the slot that the key uses."""
+        return [(g, key & self._group_mask[g]) for g in self._settled[slot[0]]
+                if key & self._group_mask[g]]
 
     def _structures(self, slot: Slot) -> int:
         out = self._structure_counts.get(slot)
@@ -321,13 +445,57 @@ class Space:
 
     def count(self) -> int:
         """The number of distinct programs: structures x tile-size assignments."""
-        return self._count_slot((self.root_class, INLINES)).get(0, 0)
+        table = self._slot_table(self.root_slot)  # every group settles at the root: key 0
+        return int(table[0].flat[0]) if 0 in table else 0
 
     def count_structures(self) -> int:
         """The number of distinct structures, sizes ignored."""
-        return self._structures((self.root_class, INLINES))
+        return self._structures(self.root_slot)
 
     # ---- sizes -----------------------------------------------------------------------------
+
+    def _paths(self, group: str, part: int) -> set[str]:
+        return {p for (g, p, _), bit in self._bit.items() if g == group and bit & part}
+
+    def _profiles(self, group: str, part: int) -> _Profiles:
+        """The profiles of the split tree a key's part for the group names (completed with the
+        sibling pieces that may enclose a class from outside it)."""
+        found = self._profile_cache.get((group, part))
+        if found is None:
+            children = self._split_tree(group, self._paths(group, part), complete=True)
+            limits = [(p, c, bit) for (g, p, c), bit in self._limit_bit.items() if g == group]
+            by_mask: dict[int, list[dict[str, int]]] = defaultdict(list)
+            for sizes in _assignments(children, "", self.facts.extents[group]):
+                by_mask[sum(bit for p, c, bit in limits
+                            if p in sizes and extent_allowed(c, sizes[p]))].append(sizes)
+            masks = sorted(by_mask)
+            tree = {p for kids in children.values() for p in kids}
+            found = _Profiles(tuple(masks), tuple(tuple(by_mask[m]) for m in masks),
+                              sum(bit for p, _, bit in limits if p in tree))
+            self._profile_cache[(group, part)] = found
+        return found
+
+    def _complete(self, group: str, part: int) -> _Profiles:
+        """The profiles of a group's final tree, refusing one with a piece missing."""
+        if (group, part) not in self._complete_trees:
+            self._split_tree(group, self._paths(group, part))
+            self._complete_trees.add((group, part))
+        return self._profiles(group, part)
+
+    def _restriction(self, group: str, wide: int, narrow: int) -> list[int]:
+        """For each profile of the wider tree, the profile of the narrower one it restricts
+        to."""
+        found = self._restriction_cache.get((group, wide, narrow))
+        if found is None:
+            small = self._profiles(group, narrow)
+            index = {m: i for i, m in enumerate(small.masks)}
+            found = [index[m & small.limits] for m in self._profiles(group, wide).masks]
+            self._restriction_cache[(group, wide, narrow)] = found
+        return found
+
+    def _options(self, group: str, part: int) -> list[dict[str, int]]:
+        uses = frozenset((p, c) for (g, p, c), bit in self._bit.items() if bit & part)
+        return self._group_sizes(group, uses)
 
     def _size_lists(self, key: Key) -> list[tuple[str, list[dict[str, int]]]]:
         """Per group (sorted), every valid {path: extent} for the paths the key uses."""
@@ -354,13 +522,13 @@ class Space:
         extent = self.naive.buffer(buffer).shape[dims.pop()]
         return [{"": f} for f in range(2, extent + 1) if extent % f == 0]
 
-    def _tile_sizes(self, group: str, uses: frozenset) -> list[dict[str, int]]:
-        kinds: dict[str, set[str]] = defaultdict(set)
-        for path, kind in uses:
-            kinds[path].add(kind)
+    def _split_tree(self, group: str, paths: Iterable[str],
+                    complete: bool = False) -> dict[str, list[str]]:
+        """The pieces of each split piece above `paths`, outer to inner. A piece split two ways
+        is refused; a missing sibling piece is added if `complete`, else refused."""
         children: dict[str, dict[int, str]] = defaultdict(dict)
         ways_of: dict[str, int] = {}
-        for path in kinds:
+        for path in paths:
             while path:
                 parent, index, ways = parent_path(path)
                 if ways_of.setdefault(parent, ways) != ways:
@@ -370,91 +538,129 @@ class Space:
                 path = parent
         for parent, kids in children.items():
             missing = sorted(set(range(ways_of[parent])) - set(kids))
-            if missing:
+            if missing and not complete:
                 raise SpaceError(f"group {group} uses pieces {sorted(kids.values())} of a "
                                  f"{ways_of[parent]}-way split but not piece(s) {missing}")
+            kids.update((i, split_path(parent, i, ways_of[parent])) for i in missing)
+        return {parent: [kids[i] for i in sorted(kids)] for parent, kids in children.items()}
 
-        def expand(path: str, extent: int) -> list[dict[str, int]]:
-            if not all(extent_allowed(k, extent) for k in kinds.get(path, ())):
-                return []
-            kids = [children[path][i] for i in sorted(children[path])] if path in children else []
-            if not kids:
-                return [{path: extent}]
-            out = []
-            for factors in _ordered_factorizations(extent, len(kids)):
-                for parts in product(*(expand(k, f) for k, f in zip(kids, factors))):
-                    merged = {path: extent}
-                    for part in parts:
-                        merged.update(part)
-                    out.append(merged)
-            return out
+    def _tile_sizes(self, group: str, uses: frozenset) -> list[dict[str, int]]:
+        kinds: dict[str, set[str]] = defaultdict(set)
+        for path, kind in uses:
+            kinds[path].add(kind)
 
-        used = set(kinds)
-        return [{p: e for p, e in full.items() if p in used}
-                for full in expand("", self.facts.extents[group])]
+        def allowed(path: str, extent: int) -> bool:
+            return all(extent_allowed(k, extent) for k in kinds.get(path, ()))
+
+        full = _assignments(self._split_tree(group, kinds), "", self.facts.extents[group],
+                            allowed)
+        return [{p: e for p, e in sizes.items() if p in kinds} for sizes in full]
 
     # ---- programs by index -----------------------------------------------------------------
 
-    def _settling(self, slot: Slot, open_key: int) -> list[tuple[int, int, int]]:
-        """(raw key, programs, size assignments) of the slot's raw keys that settle into
-        `open_key`, in key order."""
-        table = self._settle_tables.get(slot)
+    def _raw_keys_into(self, slot: Slot, open_key: int) -> list[int]:
+        """The slot's raw keys that settle into `open_key`, in key order."""
+        table = self._settled_into.get(slot)
         if table is None:
             table = defaultdict(list)
-            for key, n in sorted(self._raw_slot(slot).items()):
-                settled, assignments = self._settle(slot, key)
-                if assignments:
-                    table[settled].append((key, n * assignments, assignments))
-            self._settle_tables[slot] = table
-        return table[open_key]
+            for key in sorted(self._raw_table(slot)):
+                table[key & ~sum(p for _, p in self._settling_groups(slot, key))].append(key)
+            self._settled_into[slot] = table
+        return table.get(open_key, [])
 
-    def _combos(self, node: _Node, key: int) -> list[tuple[tuple[int, ...], int]]:
-        """The children's keys that unite (with the node's own) into `key`, with weights."""
+    def _narrow(self, omega: Omega, key: int, narrower: int) -> Omega:
+        """Profile indices under tree key `key` as indices under `narrower`, a subset of it."""
+        if key == narrower:
+            return omega
+        out = list(omega)
+        for group, axis in self._axis.items():
+            mask = self._group_mask[group]
+            if key & mask != narrower & mask:
+                out[axis] = (self._restriction(group, key & mask, narrower & mask)[omega[axis]]
+                             if narrower & mask else 0)
+        return tuple(out)
+
+    def _combos(self, node: _Node, key: int) -> list[tuple[int, ...]]:
+        """The children's keys that unite (with the node's own) into `key`."""
         found = self._combo_cache.get((node.index, key))
         if found is None:
-            counts = [self._count_slot(c) for c in node.children]
-            subsets = [sorted(k for k in c if not k & ~key) for c in counts]
+            subsets = [sorted(k for k in self._slot_table(c) if not k & ~key)
+                       for c in node.children]
             found = []
             for keys in product(*subsets):
                 whole = node.own
                 for k in keys:
                     whole |= k
                 if whole == key:
-                    found.append((keys, math.prod(c[k] for c, k in zip(counts, keys))))
+                    found.append(keys)
             self._combo_cache[(node.index, key)] = found
         return found
 
-    def _unrank_slot(self, slot: Slot, key: int, index: int, sizes: Sizes) -> Any:
-        for raw_key, n, assignments in self._settling(slot, key):
-            if index < n:
-                index, pick = divmod(index, assignments)
-                for group in self._settled[slot[0]]:
-                    part = raw_key & self._group_mask[group]
-                    if part:
-                        options = self._options(group, part)
-                        pick, choice = divmod(pick, len(options))
-                        sizes.update(((group, p), e) for p, e in options[choice].items())
-                return self._unrank_raw(slot, raw_key, index, sizes)
-            index -= n
+    def _unrank_slot(self, slot: Slot, key: int, omega: Omega, index: int, sizes: Sizes) -> Any:
+        for raw_key in self._raw_keys_into(slot, key):
+            array = self._raw_table(slot)[raw_key]
+            groups = self._settling_groups(slot, raw_key)
+            if not groups:  # most slots settle nothing: one count, no sizes to pick
+                n = _value(array, omega)
+                if index < n:
+                    return self._unrank_raw(slot, raw_key, omega, index, sizes)
+                index -= n
+                continue
+            settled_axes = {self._axis[g] for g, _ in groups if g in self._axis}
+            # The raw counts at the open groups' profiles, over every profile of the settled
+            # ones, times the assignments each profile stands for.
+            here = array[tuple(slice(None) if axis in settled_axes else
+                               slice(i, i + 1) if size > 1 else slice(0, 1)
+                               for axis, (i, size) in enumerate(zip(omega, array.shape)))]
+            weights = np.ones((1,) * self._ndim, dtype=object)
+            for group, part in groups:
+                weights = weights * (self._along(group, self._complete(group, part).weights)
+                                     if group in self._axis else len(self._options(group, part)))
+            programs = here * weights
+            for position, n in enumerate(programs.flat):
+                if index < n:
+                    break
+                index -= n
+            else:
+                continue
+            where = np.unravel_index(position, programs.shape)
+            choice, index = divmod(index, np.broadcast_to(here, programs.shape)[where])
+            for group, part in groups:
+                if group in self._axis:
+                    options = self._complete(group, part).assignments[where[self._axis[group]]]
+                else:
+                    options = self._options(group, part)
+                choice, pick = divmod(choice, len(options))
+                sizes.update(((group, p), e) for p, e in options[pick].items())
+            full = tuple(int(where[axis]) if axis in settled_axes else i
+                         for axis, i in enumerate(omega))
+            return self._unrank_raw(slot, raw_key, full, index, sizes)
         raise AssertionError(f"index past the end of class {slot}")
 
-    def _unrank_raw(self, slot: Slot, key: int, index: int, sizes: Sizes) -> Any:
+    def _unrank_raw(self, slot: Slot, key: int, omega: Omega, index: int, sizes: Sizes) -> Any:
         for node in self._slot_nodes(slot):
-            n = self._count_node(node).get(key, 0)
+            array = self._node_table(node).get(key)
+            n = 0 if array is None else _value(array, omega)
             if index < n:
-                return self._unrank_node(node, key, index, sizes)
+                return self._unrank_node(node, key, omega, index, sizes)
             index -= n
         raise AssertionError(f"index past the end of class {slot}")
 
-    def _unrank_node(self, node: _Node, key: int, index: int, sizes: Sizes) -> Any:
-        for keys, weight in self._combos(node, key):
-            if index < weight:
+    def _unrank_node(self, node: _Node, key: int, omega: Omega, index: int,
+                     sizes: Sizes) -> Any:
+        tables = [self._slot_table(c) for c in node.children]
+        for keys in self._combos(node, key):
+            omegas = [self._narrow(omega, key, k) for k in keys]
+            counts = [_value(t[k], w) for t, k, w in zip(tables, keys, omegas)]
+            if index < math.prod(counts):
                 break
-            index -= weight
+            index -= math.prod(counts)
+        else:
+            raise AssertionError(f"index past the end of node {node.op} {node.literals}")
         values = []
-        for child, k in zip(node.children, keys):
-            index, sub = divmod(index, self._count_slot(child)[k])
-            values.append(self._unrank_slot(child, k, sub, sizes))
+        for child, k, w, n in zip(node.children, keys, omegas, counts):
+            index, sub = divmod(index, n)
+            values.append(self._unrank_slot(child, k, w, sub, sizes))
         return _build(node, values)
 
     def program(self, index: int) -> tuple[Term, Sizes]:
@@ -462,8 +668,14 @@ class Space:
         if not 0 <= index < self.count():
             raise SpaceError(f"program index {index} is outside [0, {self.count()})")
         sizes: Sizes = {}
-        packs, inlined, body = self._unrank_slot((self.root_class, INLINES), 0, index, sizes)
-        return Term(body, inlined, packs), dict(sorted(sizes.items()))
+        packs, inlined, body = self._unrank_slot(self.root_slot, 0, (0,) * self._ndim, index,
+                                                 sizes)
+        term = Term(body, inlined, packs)
+        used = symbols(term)
+        # Settling records whole split trees; an unsplit group's one extent is its own.
+        sizes.update(((g, ""), self.facts.extents[g]) for g, p in used if p == ""
+                     and (g, p) not in sizes)
+        return term, {s: e for s, e in sorted(sizes.items()) if s in used}
 
     def sample(self, n: int, seed: int = 0) -> list[tuple[Term, Sizes]]:
         """`n` programs drawn independently and uniformly (with replacement)."""
