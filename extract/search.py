@@ -3,6 +3,8 @@ cost model (MetaSchedule's evolutionary search, over the e-graph instead of trac
 
 A candidate's genome is the node picked at every slot the walk reached (`Space.walk`) and one size
 assignment per dimension group (`Space.size_options`); its phenotype is the concrete program.
+Fresh candidates are uniform draws from the space (`Space.program` of a random index, with the
+picks that spell it); mutants re-walk with one choice changed.
 
     search = EvolutionarySearch(space, get_cost_model("analytic"), seed=0)
     batch = search.propose(8, exclude=measured_hashes, elites=best_measured_candidates)
@@ -71,18 +73,33 @@ class EvolutionarySearch:
         self.population, self.generations = population, generations
         self.survivors, self.random_fraction = survivors, random_fraction
         self.max_attempts, self.max_unrolled = max_attempts, max_unrolled
+        self._total: int | None = None  # the space's program count, on first need
         self._kept: list[Candidate] = []  # the last round's best, re-scored next round
         self._programs: dict[tuple, Program | None] = {}  # realize() is the expensive part
 
     # ---- candidates -------------------------------------------------------------------------
 
     def random_candidate(self) -> Candidate | None:
-        """A fresh random walk with random sizes; None when `max_attempts` walks all fail."""
+        """A program drawn uniformly from the space (with the walk picks that spell it); None
+        when `max_attempts` draws all fail (unbuildable, or over the unrolling limit)."""
+        total = self._count()
         for _ in range(self.max_attempts):
-            cand = self._grow({}, {})
+            if total:
+                term, sizes = self.space.program(self.rng.randrange(total))
+                assignment: dict[str, dict[str, int]] = {}
+                for (group, path), extent in sizes.items():
+                    assignment.setdefault(group, {})[path] = extent
+                cand = self._grow(self.space.picks_for(term), assignment)
+            else:
+                cand = self._grow({}, {})
             if cand is not None:
                 return cand
         return None
+
+    def _count(self) -> int:
+        if self._total is None:
+            self._total = self.space.count()
+        return self._total
 
     def _grow(self, picks: dict[Slot, int], assignment: dict[str, dict[str, int]]
               ) -> Candidate | None:

@@ -398,3 +398,15 @@ def test_a_walk_reaches_members_of_the_space(space):
 def test_a_walk_that_always_takes_the_first_choice_is_deterministic(space):
     first = space.walk(lambda slot, choices: choices[0])
     assert first == space.walk(lambda slot, choices: choices[0])
+
+
+def test_picks_for_a_sampled_term_walk_back_to_it(space):
+    for term, _ in space.sample(20, seed=9):
+        picks = space.picks_for(term)
+        assert space.walk(lambda slot, choices: choices[picks[slot]]) == term
+
+
+def test_picks_for_a_term_outside_the_space_are_refused(space):
+    outside = Term((BlockRef("C.update"),))
+    with pytest.raises(SpaceError, match="not in the space"):
+        space.picks_for(outside)

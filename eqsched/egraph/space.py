@@ -68,6 +68,7 @@ from .term import (
     Term,
     extent_allowed,
     parent_path,
+    show,
     split_path,
     symbols,
     walk,
@@ -774,6 +775,67 @@ class Space:
 
         packs, inlined, body = visit(self.root_slot)
         return Term(body, inlined, packs)
+
+    def picks_for(self, term: Term) -> dict[Slot, int]:
+        """The walk choices (slot -> index into `choices(slot)`) that spell `term`: at each slot
+        the first node whose subterm matches. A slot reached twice keeps its first choice, so
+        a walk with these picks may spell a different term when the term takes one class two
+        ways. Raises SpaceError for a term that is not in the space."""
+        picks: dict[Slot, int] = {}
+
+        def root(slot: Slot, packs: tuple, inlined: tuple, body: tuple) -> None:
+            for i, node in enumerate(self._slot_nodes(slot)):
+                ch = node.children
+                if node.op == "inlined" and inlined and node.literals == (inlined[0],) \
+                        and self._has_root(ch[0][0], INLINES, packs, inlined[1:], body):
+                    picks.setdefault(slot, i)
+                    return root(ch[0], packs, inlined[1:], body)
+                if node.op == "rcons" and not inlined and body \
+                        and self._has_stmt(ch[0][0], body[0]) \
+                        and self._has_root(ch[1][0], STMTS, packs, (), body[1:]):
+                    picks.setdefault(slot, i)
+                    stmt(ch[0], body[0])
+                    return root(ch[1], packs, (), body[1:])
+                if node.op == "packed" and packs and not (inlined or body) \
+                        and node.literals == (packs[0].block, packs[0].buffer, packs[0].dim) \
+                        and self._has_root(ch[0][0], PACKS, packs[1:], (), ()):
+                    picks.setdefault(slot, i)
+                    return root(ch[0], packs[1:], (), ())
+                if node.op == "rnil" and not (packs or inlined or body):
+                    picks.setdefault(slot, i)
+                    return None
+            raise SpaceError(f"the term is not in the space: {show(term)}")
+
+        def body_of(slot: Slot, stmts: tuple) -> None:
+            for i, node in enumerate(self._slot_nodes(slot)):
+                if node.op == "nil" and not stmts:
+                    picks.setdefault(slot, i)
+                    return
+                if node.op == "cons" and stmts and self._has_stmt(node.children[0][0], stmts[0]) \
+                        and self._has_body(node.children[1][0], stmts[1:]):
+                    picks.setdefault(slot, i)
+                    stmt(node.children[0], stmts[0])
+                    return body_of(node.children[1], stmts[1:])
+            raise SpaceError(f"the term is not in the space: {show(term)}")
+
+        def stmt(slot: Slot, s: Stmt) -> None:
+            for i, node in enumerate(self._slot_nodes(slot)):
+                if isinstance(s, BlockRef) and node.op == "block" and node.literals == (s.name,):
+                    picks.setdefault(slot, i)
+                    return
+                if isinstance(s, Loop) and node.op == "loop" \
+                        and node.literals == (s.group, s.path, s.kind) \
+                        and self._has_body(node.children[0][0], s.body):
+                    picks.setdefault(slot, i)
+                    return body_of(node.children[0], s.body)
+                if isinstance(s, Cached) and node.op == "cached" and node.literals == (s.stage,) \
+                        and self._has_body(node.children[0][0], s.body):
+                    picks.setdefault(slot, i)
+                    return body_of(node.children[0], s.body)
+            raise SpaceError(f"the term is not in the space: {show(term)}")
+
+        root(self.root_slot, term.packs, term.inlined, term.body)
+        return picks
 
     def size_options(self, term: Term) -> list[tuple[str, list[dict[str, int]]]]:
         """Per dimension group the term uses (sorted), every valid {path: extent} assignment;
