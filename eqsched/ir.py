@@ -14,6 +14,7 @@ at the outermost loop. Fusing the init back into the update nest is an ordinary 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Iterator
@@ -166,30 +167,50 @@ class Program:
         bufs = [b for b in self.buffers if b.scope in order]
         return tuple(sorted(bufs, key=lambda b: order[b.scope]))
 
+    @functools.cached_property
+    def _index(self) -> tuple[list[Block], list[Loop], dict[str, tuple[Node, list[Loop]]]]:
+        # Schedules and searches look nodes up by name thousands of times per program; the
+        # tree is immutable, so one walk serves them all.
+        blocks: list[Block] = []
+        loops: list[Loop] = []
+        by_name: dict[str, tuple[Node, list[Loop]]] = {}
+        for n, path in walk(self.body):
+            if isinstance(n, Block):
+                blocks.append(n)
+            elif isinstance(n, Loop):
+                loops.append(n)
+            name = getattr(n, "name", None)
+            if name is not None and name not in by_name:
+                by_name[name] = (n, [p for p in path if isinstance(p, Loop)])
+        return blocks, loops, by_name
+
     def blocks(self) -> list[Block]:
-        return [n for n, _ in walk(self.body) if isinstance(n, Block)]
+        return list(self._index[0])
 
     def loops(self) -> list[Loop]:
-        return [n for n, _ in walk(self.body) if isinstance(n, Loop)]
+        return list(self._index[1])
 
     def block(self, name: str) -> Block:
-        for b in self.blocks():
+        for b in self._index[0]:
             if b.name == name:
                 return b
         raise KeyError(name)
 
     def loop(self, name: str) -> Loop:
-        for lp in self.loops():
-            if lp.name == name:
-                return lp
-        raise KeyError(name)
+        found = self._index[2].get(name)
+        if found is None or not isinstance(found[0], Loop):
+            for lp in self._index[1]:  # a block may share the name of a later loop
+                if lp.name == name:
+                    return lp
+            raise KeyError(name)
+        return found[0]
 
     def enclosing(self, name: str) -> list[Loop]:
         """The loops around the loop or block called `name`, outermost first."""
-        for n, path in walk(self.body):
-            if getattr(n, "name", None) == name:
-                return [p for p in path if isinstance(p, Loop)]
-        raise KeyError(name)
+        found = self._index[2].get(name)
+        if found is None:
+            raise KeyError(name)
+        return list(found[1])
 
     def with_body(self, body: tuple[Node, ...],
                   buffers: tuple[Buffer, ...] | None = None) -> Program:

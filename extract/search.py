@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from eqsched.egraph.derive import DeriveError, realize
 from eqsched.egraph.space import Slot, Space
-from eqsched.egraph.term import Sizes, Term
+from eqsched.egraph.term import BlockRef, Sizes, Term, walk
 from eqsched.ir import LoopKind, Program
 from eqsched.schedule import ScheduleError
 
@@ -44,6 +44,15 @@ def unrolled_copies(prog: Program) -> int:
             if lp.kind == LoopKind.UNROLLED:
                 copies *= lp.extent
         total += copies
+    return total
+
+
+def _term_unrolled(term: Term, sizes: Sizes) -> int:
+    """`unrolled_copies` of the term's blocks, read off the term (copy nests not counted)."""
+    total = 0
+    for stmt, outer in walk(term.body):
+        if isinstance(stmt, BlockRef):
+            total += math.prod(sizes[(lp.group, lp.path)] for lp in outer if lp.kind == "unroll")
     return total
 
 
@@ -122,6 +131,8 @@ class EvolutionarySearch:
             old = assignment.get(group)
             sized[group] = old if old in options else self.rng.choice(options)
         sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
+        if _term_unrolled(term, sizes) > self.max_unrolled:
+            return None  # known before the (costly) realization
         prog = self.program_of(term, sizes)
         if prog is None or unrolled_copies(prog) > self.max_unrolled:
             return None
