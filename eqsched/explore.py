@@ -45,7 +45,7 @@ class Settings:
 
     repeats: int = 10
     warmup: int = 1
-    time_budget_s: float = 1.0  # per candidate: a slow one gets a single timed run
+    time_budget_s: float = 0.3  # per candidate: a slow one gets a single timed run
     timeout_s: float = 120.0  # per candidate: compile, check and timing together
     input_seed: int = 0
     threads: int | None = None  # for parallel loops; None: every core (1: a one-core result)

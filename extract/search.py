@@ -32,7 +32,7 @@ from .cost import CostModel
 
 # Code-size limit (TVM's max_unroll_step): nested unrolled loops multiply, and LLVM takes minutes
 # on thousands of copies of a loop body (matmul 128^3 samples: 265 copies 3 s, 2065 > 120 s).
-MAX_UNROLLED = 256
+MAX_UNROLLED = 128
 
 
 def unrolled_copies(prog: Program) -> int:
