@@ -213,6 +213,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
                      m.correct, record.error, cached=False)
 
     pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
+    status = "running"
     try:
         if measure_naive:
             result.naive_median_s = _naive_time(database, naive, wl.name, list(size), settings,
@@ -256,6 +257,9 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             round_index += 1
     except KeyboardInterrupt:
         result.interrupted = True
+    except Exception:
+        status = "failed"  # every measurement so far is stored; the run says it did not finish
+        raise
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -266,8 +270,9 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         summary = {k: v for k, v in result.to_json().items()
                    if k in ("trials", "measured", "best_gflops", "best_median_s", "best_hash",
                             "wall_s", "naive_median_s")}
-        database.finish_run(result.run_id, status="interrupted" if result.interrupted else "done",
-                            summary=summary)
+        if status != "failed":
+            status = "interrupted" if result.interrupted else "done"
+        database.finish_run(result.run_id, status=status, summary=summary)
         if not isinstance(db, Database):
             database.close()
     return result

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from eqsched.egraph.derive import DeriveError, realize
 from eqsched.egraph.space import Slot, Space
-from eqsched.egraph.term import BlockRef, Sizes, Term, walk
+from eqsched.egraph.term import BlockRef, Loop, Sizes, Term, walk
 from eqsched.ir import LoopKind, Program
 from eqsched.schedule import ScheduleError
 
@@ -45,6 +45,11 @@ def unrolled_copies(prog: Program) -> int:
                 copies *= lp.extent
         total += copies
     return total
+
+
+def _unrolled_symbols(term: Term) -> set[tuple[str, str]]:
+    return {(s.group, s.path) for s, _ in walk(term.body) if isinstance(s, Loop)
+            and s.kind == "unroll"}
 
 
 def _term_unrolled(term: Term, sizes: Sizes) -> int:
@@ -124,15 +129,26 @@ class EvolutionarySearch:
             return choices[index]
 
         term = self.space.walk(pick)
+        options = self.space.size_options(term)
+        if not all(opts for _, opts in options):
+            return None
         sized: dict[str, dict[str, int]] = {}
-        for group, options in self.space.size_options(term):
-            if not options:
-                return None
+        for group, opts in options:
             old = assignment.get(group)
-            sized[group] = old if old in options else self.rng.choice(options)
+            sized[group] = old if old in opts else self.rng.choice(opts)
         sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
-        if _term_unrolled(term, sizes) > self.max_unrolled:
-            return None  # known before the (costly) realization
+        for _ in range(self.max_attempts):
+            # Over the unrolling limit (known before the costly realization): re-size the groups
+            # of the unrolled loops; nested unrolls of a uniform draw are mostly too long.
+            if _term_unrolled(term, sizes) <= self.max_unrolled:
+                break
+            unrolled = {g for g, _ in _unrolled_symbols(term)}
+            for group, opts in options:
+                if group in unrolled:
+                    sized[group] = self.rng.choice(opts)
+            sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
+        else:
+            return None
         prog = self.program_of(term, sizes)
         if prog is None or unrolled_copies(prog) > self.max_unrolled:
             return None
@@ -210,6 +226,8 @@ class EvolutionarySearch:
         ranked = self.rank(list(pool.values()))
         for _ in range(self.generations):
             parents = [c for c, _ in ranked[: self.survivors]]
+            if not parents:
+                break
             add(self.mutate(self.rng.choice(parents)) for _ in range(self.population))
             ranked = self.rank(list(pool.values()))
             pool = {c.hash: c for c, _ in ranked[: self.population]}

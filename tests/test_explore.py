@@ -101,3 +101,17 @@ def test_a_wrong_program_is_never_the_best(tmp_path, monkeypatch):
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="trials"):
         explore("matmul", SIZE, trials=0)
+
+
+def test_a_run_that_fails_is_marked_failed_and_keeps_its_measurements(tmp_path):
+    db = tmp_path / "x.db"
+
+    def fail_in_second_round(event, data):
+        if event == "round" and data["round"] == 1:
+            raise RuntimeError("a bug in the caller's progress hook")
+
+    with pytest.raises(RuntimeError, match="progress hook"):
+        run(db, progress=fail_in_second_round)
+    with Database(db) as d:
+        assert d.runs("matmul", SIZE)[0]["status"] == "failed"
+        assert len(d.records("matmul", SIZE)) == 8
