@@ -49,8 +49,12 @@ def test_predicts_the_prior_until_min_samples(programs, synthetic_seconds):
     model.update(programs[:7], synthetic_seconds[:7])
     assert not model.fitted and np.array_equal(model.predict(programs), want)
     model.update(programs[7:8], synthetic_seconds[7:8])
-    assert model.fitted and model.samples == 8
-    assert not np.array_equal(model.predict(programs), want)
+    assert model.samples == 8 and set(model.validation) == {"learned", "prior"}
+    # From min_samples on, the fit is used exactly when it ranks the measured programs better
+    # (left out one at a time) than the prior does.
+    v = model.validation
+    assert model.fitted == (v["learned"] > v["prior"])
+    assert np.array_equal(model.predict(programs), want) != model.fitted
 
 
 def test_learns_a_log_linear_function_of_the_features(programs, synthetic_seconds):
