@@ -436,7 +436,7 @@ def _print_exploration(r: dict[str, Any]) -> None:
     line = (f"best: {r['best_gflops']:.4g} GFLOPS, median {r['best_median_s'] * 1e3:.4g} ms, "
             f"checked against numpy")
     if r["percent_of_peak"] is not None:
-        line += f", {r['percent_of_peak']:.1f}% of one core's peak"
+        line += f", {r['percent_of_peak']:.1f}% of peak ({r['peak_gflops']:.4g} GFLOPS)"
     if r["speedup_over_naive"] is not None:
         line += f", {r['speedup_over_naive']:.1f}x the naive program"
     print(line)

@@ -122,7 +122,7 @@ class ExploreResult:
                                 if best and best.gflops and self.peak_gflops else None),
             "speedup_over_naive": (self.naive_median_s / best.median_s
                                    if best and best.median_s and self.naive_median_s else None),
-            "naive_median_s": self.naive_median_s,
+            "naive_median_s": self.naive_median_s, "peak_gflops": self.peak_gflops,
             "trace": self.best_trace,
             "program": self.best_program.text() if self.best_program else None,
             "rounds": [{"round": r.index, "spearman": r.spearman, "kendall": r.kendall,
@@ -172,8 +172,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     rep = sat.report
     result.space = {"stop_reason": rep.stop_reason, "seconds": rep.seconds, "enodes": rep.enodes,
                     "eclasses": rep.eclasses}
-    facts = machine.facts()
-    result.peak_gflops = facts.get("peak_gflops_per_core")
+    facts = machine.describe()  # with the measured FMA peak (once per process)
     result.run_id = database.start_run(
         workload=wl.name, size=list(size), seed=seed, budget=result.budget,
         rules=result.rules, cost_model=model.name, machine=facts,
@@ -265,6 +264,9 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             pool.shutdown(cancel_futures=True)
         if best_program is not None:
             result.best_program = best_program.program
+            parallel = _measurement_key(best_program.program, settings) != best_program.hash
+            cores = settings.options().thread_count if parallel else 1
+            result.peak_gflops = facts["peak_gflops_per_core"] * cores
             result.best_trace = derive(best_program.term, best_program.sizes, naive)
         result.wall_s = time.perf_counter() - started
         summary = {k: v for k, v in result.to_json().items()

@@ -24,6 +24,7 @@ def test_json_report_and_a_trace_that_eqsched_run_replays(tmp_path):
         assert key in out
     assert out["workload"] == "matmul" and out["size"] == [16, 32, 8] and out["trials"] == 4
     assert out["correct"] is True and out["best_gflops"] > 0
+    assert 0 < out["percent_of_peak"] and out["peak_gflops"] > 0
     assert "spearman" in out["rounds"][0]
     replay = subprocess.run([sys.executable, "-m", "eqsched", "run", "matmul", "--schedule",
                              str(trace), "--repeats", "1", "--json", "--no-print"],
