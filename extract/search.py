@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from .cost import CostModel
 # Code-size limit (TVM's max_unroll_step): nested unrolled loops multiply, and LLVM takes minutes
 # on thousands of copies of a loop body (matmul 128^3 samples: 265 copies 3 s, 2065 > 120 s).
 MAX_UNROLLED = 128
+PROGRAMS_KEPT = 4096
 
 
 def unrolled_copies(prog: Program) -> int:
@@ -89,7 +91,8 @@ class EvolutionarySearch:
         self.max_attempts, self.max_unrolled = max_attempts, max_unrolled
         self._total: int | None = None  # the space's program count, on first need
         self._kept: list[Candidate] = []  # the last round's best, re-scored next round
-        self._programs: dict[tuple, Program | None] = {}  # realize() is the expensive part
+        # realize() is the expensive part; bounded, since a long run builds tens of thousands.
+        self._programs: OrderedDict[tuple, Program | None] = OrderedDict()
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -157,14 +160,19 @@ class EvolutionarySearch:
     def program_of(self, term: Term, sizes: Sizes) -> Program | None:
         """The concrete program (memoized), or None if the primitives cannot build it."""
         key = (term, tuple(sorted(sizes.items())))
-        if key not in self._programs:
-            try:
-                self._programs[key] = realize(term, sizes, self.space.naive)
-            except (DeriveError, ScheduleError):
-                # A structure the manual primitives cannot build (derive's known gaps) is
-                # skipped, never guessed at.
-                self._programs[key] = None
-        return self._programs[key]
+        if key in self._programs:
+            self._programs.move_to_end(key)
+            return self._programs[key]
+        try:
+            prog = realize(term, sizes, self.space.naive)
+        except (DeriveError, ScheduleError):
+            # A structure the manual primitives cannot build (derive's known gaps) is skipped,
+            # never guessed at.
+            prog = None
+        self._programs[key] = prog
+        if len(self._programs) > PROGRAMS_KEPT:
+            self._programs.popitem(last=False)
+        return prog
 
     def mutate(self, cand: Candidate) -> Candidate | None:
         """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
