@@ -4,6 +4,7 @@ schedule did (vector lanes, register tile, local accumulator, packing, strides, 
 import numpy as np
 import pytest
 from eqsched.extract.features import FEATURE_NAMES, cache_bytes, features
+from test_schedule import hand_schedule
 
 from eqsched.ir import Program, naive_program
 from eqsched.schedule import Schedule
@@ -22,19 +23,8 @@ def named(prog: Program) -> dict[str, float]:
 
 
 def register_tiled(sch: Schedule) -> Schedule:
-    """An 8x32 register tile over 32-wide panels of B, parallel over column panels."""
-    sch.pack("C.update", "B", dim=1, factor=32)
-    sch.split("C.i", [-1, 8])
-    sch.split("C.j", [-1, 2, 16])
-    sch.reorder("C.j.0", "C.i.0", "C.k", "C.i.1", "C.j.1", "C.j.2")
-    sch.fuse("C.init", at="C.i.0")
-    sch.cache_write("C.update", at="C.i.0")
-    sch.unroll("C.i.1")
-    sch.unroll("C.j.1")
-    sch.vectorize("C.j.2")
-    sch.vectorize("C.init.j.2")
-    sch.vectorize("C.write.j.2")
-    sch.parallel("C.j.0")
+    """The backend's packed 8x32 register tile, parallel over column panels."""
+    hand_schedule(sch)
     return sch
 
 
