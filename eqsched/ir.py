@@ -168,21 +168,22 @@ class Program:
         return tuple(sorted(bufs, key=lambda b: order[b.scope]))
 
     @functools.cached_property
-    def _index(self) -> tuple[list[Block], list[Loop], dict[str, tuple[Node, list[Loop]]]]:
+    def _index(self) -> tuple[list[Block], list[Loop], dict[str, Loop], dict[str, list[Loop]]]:
         # Schedules and searches look nodes up by name thousands of times per program; the
         # tree is immutable, so one walk serves them all.
         blocks: list[Block] = []
         loops: list[Loop] = []
-        by_name: dict[str, tuple[Node, list[Loop]]] = {}
+        loop_named: dict[str, Loop] = {}
+        around: dict[str, list[Loop]] = {}
         for n, path in walk(self.body):
             if isinstance(n, Block):
                 blocks.append(n)
             elif isinstance(n, Loop):
                 loops.append(n)
-            name = getattr(n, "name", None)
-            if name is not None and name not in by_name:
-                by_name[name] = (n, [p for p in path if isinstance(p, Loop)])
-        return blocks, loops, by_name
+                loop_named.setdefault(n.name, n)
+            if isinstance(n, Block | Loop):
+                around.setdefault(n.name, [p for p in path if isinstance(p, Loop)])
+        return blocks, loops, loop_named, around
 
     def blocks(self) -> list[Block]:
         return list(self._index[0])
@@ -197,20 +198,11 @@ class Program:
         raise KeyError(name)
 
     def loop(self, name: str) -> Loop:
-        found = self._index[2].get(name)
-        if found is None or not isinstance(found[0], Loop):
-            for lp in self._index[1]:  # a block may share the name of a later loop
-                if lp.name == name:
-                    return lp
-            raise KeyError(name)
-        return found[0]
+        return self._index[2][name]
 
     def enclosing(self, name: str) -> list[Loop]:
         """The loops around the loop or block called `name`, outermost first."""
-        found = self._index[2].get(name)
-        if found is None:
-            raise KeyError(name)
-        return list(found[1])
+        return list(self._index[3][name])
 
     def with_body(self, body: tuple[Node, ...],
                   buffers: tuple[Buffer, ...] | None = None) -> Program:
