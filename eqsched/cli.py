@@ -367,9 +367,8 @@ def _progress_printer(stream: Any) -> Any:
             width = 24
             filled = width * data["trials"] // data["of"]
             line = (f"[{'#' * filled}{'.' * (width - filled)}] {data['trials']}/{data['of']} "
-                    f"round {data['round']}: best {best:.4g} GFLOPS" if best else
-                    f"[{'#' * filled}{'.' * (width - filled)}] {data['trials']}/{data['of']} "
-                    f"round {data['round']}: no correct program yet")
+                    f"round {data['round']}: ")
+            line += f"best {best:.4g} GFLOPS" if best else "no correct program yet"
             line += f", rank corr {rho:+.2f}" if rho is not None else ""
             line += f", {data['measured']} measured"
             print(("\r" + line) if live else line, end="" if live else "\n", file=stream,

@@ -264,7 +264,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             pool.shutdown(cancel_futures=True)
         if best_program is not None:
             result.best_program = best_program.program
-            parallel = _measurement_key(best_program.program, settings) != best_program.hash
+            parallel = _has_parallel_loops(best_program.program)
             cores = settings.options().thread_count if parallel else 1
             result.peak_gflops = facts["peak_gflops_per_core"] * cores
             result.best_trace = derive(best_program.term, best_program.sizes, naive)
@@ -295,9 +295,13 @@ def _cost_model(spec: Any, threads: int) -> Any:
 def _measurement_key(prog: Program, settings: Settings) -> str:
     """The program hash, plus the thread count when the program has parallel loops (its time
     depends on it)."""
-    if any(lp.kind == LoopKind.PARALLEL for lp in prog.loops()):
+    if _has_parallel_loops(prog):
         return f"{prog.hash()}/threads={settings.options().thread_count}"
     return prog.hash()
+
+
+def _has_parallel_loops(prog: Program) -> bool:
+    return any(lp.kind == LoopKind.PARALLEL for lp in prog.loops())
 
 
 def _naive_time(database: Database, naive: Program, workload: str, size: list[int],
