@@ -199,8 +199,9 @@ class Space:
         self._complete_trees: set[tuple[str, int]] = set()
         self._group_sizes_cache: dict[tuple[str, frozenset], list[dict[str, int]]] = {}
         # Membership is matched top-down; shared subterms meet shared classes again.
-        self._has_body = cache(self._has_body)
-        self._has_stmt = cache(self._has_stmt)
+        self._match_root = cache(self._match_root)
+        self._match_body = cache(self._match_body)
+        self._match_stmt = cache(self._match_stmt)
 
     # ---- reading the serialized e-graph ----------------------------------------------------
 
@@ -704,56 +705,58 @@ class Space:
             mine = {path: extent for (g, path), extent in sizes.items() if g == group}
             if mine not in options:
                 return False
-        return self._has_root(self.root_class, INLINES, term.packs, term.inlined, term.body)
+        return self._match_root(self.root_slot, term.packs, term.inlined, term.body) is not None
 
     def contains_program(self, prog: Program) -> bool:
         from .encode import encode
 
         return self.contains(*encode(prog, self.facts))
 
-    def _has_root(self, cid: str, phase: int, packs: tuple, inlined: tuple, body: tuple) -> bool:
-        for node in self._slot_nodes((cid, phase)):
-            child = node.children[0][0] if node.children else None
+    def _match_root(self, slot: Slot, packs: tuple, inlined: tuple, body: tuple) -> int | None:
+        """The index (in `choices(slot)`) of the first node spelling this root list, if any."""
+        for i, node in enumerate(self._slot_nodes(slot)):
+            ch = node.children
             if node.op == "inlined" and inlined:
-                if node.literals == (inlined[0],) and self._has_root(
-                        child, INLINES, packs, inlined[1:], body):
-                    return True
+                ok = node.literals == (inlined[0],) \
+                    and self._match_root(ch[0], packs, inlined[1:], body) is not None
             elif node.op == "rcons" and not inlined and body:
-                if self._has_stmt(child, body[0]) and self._has_root(
-                        node.children[1][0], STMTS, packs, (), body[1:]):
-                    return True
+                ok = self._match_stmt(ch[0], body[0]) is not None \
+                    and self._match_root(ch[1], packs, (), body[1:]) is not None
             elif node.op == "packed" and packs and not (inlined or body):
                 p = packs[0]
-                if node.literals == (p.block, p.buffer, p.dim) and self._has_root(
-                        child, PACKS, packs[1:], (), ()):
-                    return True
-            elif node.op == "rnil" and not (packs or inlined or body):
-                return True
-        return False
+                ok = node.literals == (p.block, p.buffer, p.dim) \
+                    and self._match_root(ch[0], packs[1:], (), ()) is not None
+            else:
+                ok = node.op == "rnil" and not (packs or inlined or body)
+            if ok:
+                return i
+        return None
 
-    def _has_body(self, cid: str, stmts: tuple[Stmt, ...]) -> bool:
-        for node in self._nodes[cid]:
+    def _match_body(self, slot: Slot, stmts: tuple[Stmt, ...]) -> int | None:
+        for i, node in enumerate(self._slot_nodes(slot)):
             if node.op == "nil" and not stmts:
-                return True
-            if node.op == "cons" and stmts and self._has_stmt(node.children[0][0], stmts[0]) \
-                    and self._has_body(node.children[1][0], stmts[1:]):
-                return True
-        return False
+                return i
+            if node.op == "cons" and stmts \
+                    and self._match_stmt(node.children[0], stmts[0]) is not None \
+                    and self._match_body(node.children[1], stmts[1:]) is not None:
+                return i
+        return None
 
-    def _has_stmt(self, cid: str, stmt: Stmt) -> bool:
-        for node in self._nodes[cid]:
+    def _match_stmt(self, slot: Slot, stmt: Stmt) -> int | None:
+        for i, node in enumerate(self._slot_nodes(slot)):
             if isinstance(stmt, BlockRef) and node.op == "block":
-                if node.literals == (stmt.name,):
-                    return True
+                ok = node.literals == (stmt.name,)
             elif isinstance(stmt, Loop) and node.op == "loop":
-                if node.literals == (stmt.group, stmt.path, stmt.kind) and self._has_body(
-                        node.children[0][0], stmt.body):
-                    return True
+                ok = node.literals == (stmt.group, stmt.path, stmt.kind) \
+                    and self._match_body(node.children[0], stmt.body) is not None
             elif isinstance(stmt, Cached) and node.op == "cached":
-                if node.literals == (stmt.stage,) and self._has_body(node.children[0][0],
-                                                                     stmt.body):
-                    return True
-        return False
+                ok = node.literals == (stmt.stage,) \
+                    and self._match_body(node.children[0], stmt.body) is not None
+            else:
+                ok = False
+            if ok:
+                return i
+        return None
 
     # ---- walking: structures chosen node by node, for searches that never count ----------
 
@@ -783,56 +786,32 @@ class Space:
         ways. Raises SpaceError for a term that is not in the space."""
         picks: dict[Slot, int] = {}
 
+        def chosen(slot: Slot, index: int | None) -> _Node:
+            if index is None:
+                raise SpaceError(f"the term is not in the space: {show(term)}")
+            picks.setdefault(slot, index)
+            return self._slot_nodes(slot)[index]
+
         def root(slot: Slot, packs: tuple, inlined: tuple, body: tuple) -> None:
-            for i, node in enumerate(self._slot_nodes(slot)):
-                ch = node.children
-                if node.op == "inlined" and inlined and node.literals == (inlined[0],) \
-                        and self._has_root(ch[0][0], INLINES, packs, inlined[1:], body):
-                    picks.setdefault(slot, i)
-                    return root(ch[0], packs, inlined[1:], body)
-                if node.op == "rcons" and not inlined and body \
-                        and self._has_stmt(ch[0][0], body[0]) \
-                        and self._has_root(ch[1][0], STMTS, packs, (), body[1:]):
-                    picks.setdefault(slot, i)
-                    stmt(ch[0], body[0])
-                    return root(ch[1], packs, (), body[1:])
-                if node.op == "packed" and packs and not (inlined or body) \
-                        and node.literals == (packs[0].block, packs[0].buffer, packs[0].dim) \
-                        and self._has_root(ch[0][0], PACKS, packs[1:], (), ()):
-                    picks.setdefault(slot, i)
-                    return root(ch[0], packs[1:], (), ())
-                if node.op == "rnil" and not (packs or inlined or body):
-                    picks.setdefault(slot, i)
-                    return None
-            raise SpaceError(f"the term is not in the space: {show(term)}")
+            node = chosen(slot, self._match_root(slot, packs, inlined, body))
+            if node.op == "inlined":
+                root(node.children[0], packs, inlined[1:], body)
+            elif node.op == "rcons":
+                stmt(node.children[0], body[0])
+                root(node.children[1], packs, (), body[1:])
+            elif node.op == "packed":
+                root(node.children[0], packs[1:], (), ())
 
         def body_of(slot: Slot, stmts: tuple) -> None:
-            for i, node in enumerate(self._slot_nodes(slot)):
-                if node.op == "nil" and not stmts:
-                    picks.setdefault(slot, i)
-                    return
-                if node.op == "cons" and stmts and self._has_stmt(node.children[0][0], stmts[0]) \
-                        and self._has_body(node.children[1][0], stmts[1:]):
-                    picks.setdefault(slot, i)
-                    stmt(node.children[0], stmts[0])
-                    return body_of(node.children[1], stmts[1:])
-            raise SpaceError(f"the term is not in the space: {show(term)}")
+            node = chosen(slot, self._match_body(slot, stmts))
+            if node.op == "cons":
+                stmt(node.children[0], stmts[0])
+                body_of(node.children[1], stmts[1:])
 
         def stmt(slot: Slot, s: Stmt) -> None:
-            for i, node in enumerate(self._slot_nodes(slot)):
-                if isinstance(s, BlockRef) and node.op == "block" and node.literals == (s.name,):
-                    picks.setdefault(slot, i)
-                    return
-                if isinstance(s, Loop) and node.op == "loop" \
-                        and node.literals == (s.group, s.path, s.kind) \
-                        and self._has_body(node.children[0][0], s.body):
-                    picks.setdefault(slot, i)
-                    return body_of(node.children[0], s.body)
-                if isinstance(s, Cached) and node.op == "cached" and node.literals == (s.stage,) \
-                        and self._has_body(node.children[0][0], s.body):
-                    picks.setdefault(slot, i)
-                    return body_of(node.children[0], s.body)
-            raise SpaceError(f"the term is not in the space: {show(term)}")
+            node = chosen(slot, self._match_stmt(slot, s))
+            if node.op in ("loop", "cached"):
+                body_of(node.children[0], s.body)
 
         root(self.root_slot, term.packs, term.inlined, term.body)
         return picks
