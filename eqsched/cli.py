@@ -5,6 +5,10 @@
     eqsched machine [--json]
     eqsched space matmul --size 64,64,64 --sample 3 [--rules a,-b] [--limits seconds=10] [--json]
     eqsched explore matmul --size 512,512,512 --trials 64 [--db eqsched.db] [--seed 0] [--json]
+    eqsched batch suite.toml [--jobs 2] [--db eqsched.db] [--executor ray]
+    eqsched report --db eqsched.db --out report/
+    eqsched rules list | eqsched rules check RULE
+    eqsched experiment compare|distribution|ranking WORKLOAD ...
 
 Every failure prints one line, `eqsched: error: ...`, on stderr and exits with status 2; a program
 that runs but computes a wrong result exits with status 1.
@@ -13,6 +17,7 @@ that runs but computes a wrong result exits with status 1.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import resource
 import sys
@@ -117,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="write the best program's trace (replay with `eqsched run --schedule`)")
     exp.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
+    for module in FEATURE_COMMANDS:
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 
@@ -450,12 +457,15 @@ def _print_exploration(r: dict[str, Any]) -> None:
 
 COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machine,
             "space": _cmd_space, "explore": _cmd_explore}
+# Research tools keep their subcommand beside their code: each module's `add_parser(sub)` adds
+# one subparser whose `run` default takes the parsed arguments and returns the exit status.
+FEATURE_COMMANDS = ("eqsched.batch", "eqsched.report", "eqsched.rulekit", "eqsched.experiments")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS[args.command](args) if args.command in COMMANDS else args.run(args)
     except (CliError, WorkloadError, ScheduleError, BackendError, SpaceError) as err:
         message = str(err).strip().splitlines()
         print(f"eqsched: error: {message[0] if message else type(err).__name__}", file=sys.stderr)

@@ -171,7 +171,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     space = Space(sat)
     rep = sat.report
     result.space = {"stop_reason": rep.stop_reason, "seconds": rep.seconds, "enodes": rep.enodes,
-                    "eclasses": rep.eclasses}
+                    "eclasses": rep.eclasses, "programs": space.count()}
     facts = machine.describe()  # with the measured FMA peak (once per process)
     result.run_id = database.start_run(
         workload=wl.name, size=list(size), seed=seed, budget=result.budget,
@@ -271,7 +271,8 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         result.wall_s = time.perf_counter() - started
         summary = {k: v for k, v in result.to_json().items()
                    if k in ("trials", "measured", "best_gflops", "best_median_s", "best_hash",
-                            "wall_s", "naive_median_s")}
+                            "wall_s", "naive_median_s", "peak_gflops", "percent_of_peak",
+                            "speedup_over_naive", "space")}
         if status != "failed":
             status = "interrupted" if result.interrupted else "done"
         database.finish_run(result.run_id, status=status, summary=summary)

@@ -35,6 +35,10 @@ def test_an_exploration_measures_checks_and_stores_every_trial(tmp_path):
         assert all(r.correct or r.error for r in records)
         (run_row,) = d.runs("matmul", SIZE)
         assert run_row["status"] == "done" and run_row["seed"] == 0
+        # What a report needs without re-running anything: the space and the best's standing.
+        summary = run_row["summary"]
+        assert summary["space"]["programs"] == result.space["programs"] > 1
+        assert summary["best_gflops"] == result.best.gflops and summary["peak_gflops"] > 0
 
 
 def test_the_best_trace_replays_to_the_best_program(tmp_path):
