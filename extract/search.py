@@ -13,6 +13,8 @@ Each round starts from the elites (measured winners), the survivors of the last 
 random walks; it mutates the best (re-pick one slot, re-size one group, or nudge one factor of
 two between two pieces of a group), keeps the best distinct programs, and returns the top `k` the
 caller has not measured, with a few random picks mixed in so a wrong model still sees new ground.
+A round evolves for `generations` generations, and on (up to `max_generations`) while the
+predicted top `k` still gains: large spaces (fused chains) need many more than small ones.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from .cost import CostModel
 # on thousands of copies of a loop body (matmul 128^3 samples: 265 copies 3 s, 2065 > 120 s).
 MAX_UNROLLED = 128
 PROGRAMS_KEPT = 4096
+# Beyond `generations`, evolution goes on while the predicted top of the round still improves.
+STALE_GENERATIONS, MIN_GAIN = 2, 0.01
 
 
 def unrolled_copies(prog: Program) -> int:
@@ -82,11 +86,13 @@ class EvolutionarySearch:
     """Proposes the candidates `model` ranks best, round after round; deterministic by seed."""
 
     def __init__(self, space: Space, model: CostModel, *, seed: int = 0, population: int = 128,
-                 generations: int = 5, survivors: int = 32, random_fraction: float = 0.125,
-                 max_attempts: int = 50, max_unrolled: int = MAX_UNROLLED):
+                 generations: int = 5, max_generations: int = 20, survivors: int = 32,
+                 random_fraction: float = 0.125, max_attempts: int = 50,
+                 max_unrolled: int = MAX_UNROLLED):
         self.space, self.model = space, model
         self.rng = random.Random(seed)
         self.population, self.generations = population, generations
+        self.max_generations = max(generations, max_generations)
         self.survivors, self.random_fraction = survivors, random_fraction
         self.max_attempts, self.max_unrolled = max_attempts, max_unrolled
         self._total: int | None = None  # the space's program count, on first need
@@ -232,13 +238,16 @@ class EvolutionarySearch:
                 break
             add([fresh])
         ranked = self.rank(list(pool.values()))
-        for _ in range(self.generations):
+        stale = 0
+        for generation in range(self.max_generations):
             parents = [c for c, _ in ranked[: self.survivors]]
-            if not parents:
+            if not parents or (generation >= self.generations and stale >= STALE_GENERATIONS):
                 break
+            before = _top_score(ranked, k)
             add(self.mutate(self.rng.choice(parents)) for _ in range(self.population))
             ranked = self.rank(list(pool.values()))
             pool = {c.hash: c for c, _ in ranked[: self.population]}
+            stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0
         self._kept = [c for c, _ in ranked[: self.survivors]]
         fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
         n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
@@ -254,3 +263,9 @@ class EvolutionarySearch:
         scores = self.model.predict([c.program for c in cands])
         order = sorted(range(len(cands)), key=lambda i: (scores[i], cands[i].hash))
         return [(cands[i], float(scores[i])) for i in order]
+
+
+def _top_score(ranked: list[tuple[Candidate, float]], k: int) -> float:
+    """The mean predicted seconds of the best `k`: what a round would propose."""
+    top = [score for _, score in ranked[:k]]
+    return sum(top) / len(top) if top else math.inf

@@ -113,3 +113,31 @@ def test_egglog_extracts_the_smallest_term_and_the_baseline_sizes_it(space):
     assert space.contains(term, {s: space.facts.extents[s[0]] for s in symbols(term)})
     best = egglog_baseline(space, FewestScalarIterations(), k=2)
     assert best and all(c.term == term for c, _ in best)
+
+
+class CountingRanks(CostModel):
+    """Scores by a fixed function of the program, counting how many times it ranks a pool."""
+
+    name = "test-counting"
+
+    def __init__(self, score):
+        self.score, self.calls = score, 0
+
+    def predict(self, programs):
+        self.calls += 1
+        return np.array([self.score(p) for p in programs], dtype=float)
+
+
+def test_a_round_stops_evolving_when_the_predicted_top_stops_gaining(space):
+    flat = CountingRanks(lambda prog: 1.0)  # nothing ever gains
+    EvolutionarySearch(space, flat, seed=0, population=12, generations=3,
+                       max_generations=20).propose(4)
+    assert flat.calls == 1 + 3  # the first pool, then `generations` generations only
+
+
+def test_a_round_evolves_past_its_generations_while_the_top_gains(space):
+    # Every program scores by its text's hash: mutants keep finding lower scores for a while.
+    gaining = CountingRanks(lambda prog: int(prog.hash()[:8], 16))
+    EvolutionarySearch(space, gaining, seed=0, population=12, generations=1,
+                       max_generations=6).propose(4)
+    assert 1 + 1 < gaining.calls <= 1 + 6
