@@ -18,6 +18,8 @@ database's measurements.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -212,56 +214,85 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
                      m.correct, record.error, cached=False)
 
     pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
+    # While a round is measured (in worker processes) the next one is searched, so round r + 1
+    # is ranked with what rounds up to r - 1 taught the model. The search waits instead when
+    # every core already measures; the proposals are the same either way.
+    overlap = jobs < (os.cpu_count() or 1)
+    measuring = ThreadPoolExecutor(1)
+    stop = threading.Event()
     status = "running"
+    proposed: list = []
+    done: list[Trial] = []
+    round_index, round_started = 0, time.perf_counter()
+
+    def measure_round(proposed: list, round_index: int, into: list[Trial]) -> None:
+        jobs_ = [(i % jobs, c, p) for i, (c, p) in enumerate(proposed)]
+        if pool is None:
+            for job in jobs_:
+                if stop.is_set():
+                    return
+                into.append(run_one(job, round_index))
+        else:
+            into.extend(pool.map(lambda j: run_one(j, round_index), jobs_))
+
+    def next_batch(planned: int) -> list:
+        left = trials - len(result.trials) - planned
+        if left <= 0 or (seconds is not None and time.perf_counter() - started > seconds):
+            return []
+        return search.propose(min(batch, left), exclude=measured, elites=elites[:8])
+
+    def close_round(whole: bool) -> None:
+        nonlocal elites, best_program
+        by_hash = {c.hash: c for c, _ in proposed}
+        good = [t for t in done if t.correct and t.median_s]
+        model.update([by_hash[t.program_hash].program for t in good], [t.median_s for t in good])
+        for t in good:
+            if result.best is None or t.median_s < result.best.median_s:
+                result.best, best_program = t, by_hash[t.program_hash]
+        times_of.update((t.program_hash, t.median_s) for t in good)
+        elites = sorted([*elites, *(by_hash[t.program_hash] for t in good)],
+                        key=lambda c: times_of[c.hash])
+        predicted, times = [t.predicted_s for t in good], [t.median_s for t in good]
+        result.rounds.append(Round(
+            round_index, list(done), spearman(predicted, times) if whole else None,
+            kendall(predicted, times) if whole else None,
+            result.best.gflops if result.best else None, time.perf_counter() - round_started))
+
     try:
         if measure_naive:
             result.naive_median_s = _naive_time(database, naive, wl.name, list(size), settings,
                                                 result.run_id)
-        round_index = 0
-        while len(result.trials) < trials:
-            if seconds is not None and time.perf_counter() - started > seconds:
-                break
-            round_started = time.perf_counter()
-            want = min(batch, trials - len(result.trials))
-            proposed = search.propose(want, exclude=measured, elites=elites[:8])
-            if not proposed:
-                say("exhausted", {"trials": len(result.trials)})
-                break
-            jobs_ = [(i % jobs, c, p) for i, (c, p) in enumerate(proposed)]
-            if pool is None:
-                done = [run_one(j, round_index) for j in jobs_]
-            else:
-                done = list(pool.map(lambda j: run_one(j, round_index), jobs_))
-            by_hash = {c.hash: c for c, _ in proposed}
-            measured |= set(by_hash)
-            good = [t for t in done if t.correct and t.median_s]
-            model.update([by_hash[t.program_hash].program for t in good],
-                         [t.median_s for t in good])
-            for t in good:
-                if result.best is None or t.median_s < result.best.median_s:
-                    result.best, best_program = t, by_hash[t.program_hash]
-            times_of.update((t.program_hash, t.median_s) for t in good)
-            elites = sorted([*elites, *(by_hash[t.program_hash] for t in good)],
-                            key=lambda c: times_of[c.hash])
-            predicted = [t.predicted_s for t in good]
-            times = [t.median_s for t in good]
-            result.rounds.append(Round(
-                round_index, done, spearman(predicted, times), kendall(predicted, times),
-                result.best.gflops if result.best else None,
-                time.perf_counter() - round_started))
+        proposed = next_batch(0)
+        while proposed:
+            measured |= {c.hash for c, _ in proposed}
+            flight = measuring.submit(measure_round, proposed, round_index, done)
+            if not overlap:
+                flight.result()
+            upcoming = next_batch(len(proposed))
+            flight.result()
+            close_round(whole=True)
+            finished, done = done, []
             say("round", {"round": round_index, "trials": len(result.trials), "of": trials,
                           "best_gflops": result.rounds[-1].best_gflops,
                           "spearman": result.rounds[-1].spearman,
-                          "measured": sum(not t.cached for t in done)})
-            round_index += 1
+                          "measured": sum(not t.cached for t in finished)})
+            proposed = upcoming
+            round_index, round_started = round_index + 1, time.perf_counter()
+        if len(result.trials) < trials and not (
+                seconds is not None and time.perf_counter() - started > seconds):
+            say("exhausted", {"trials": len(result.trials)})
     except KeyboardInterrupt:
         result.interrupted = True
     except Exception:
         status = "failed"  # every measurement so far is stored; the run says it did not finish
         raise
     finally:
+        stop.set()  # the round in flight ends after the measurement in progress
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+        measuring.shutdown(cancel_futures=True)
+        if done:  # a round an interrupt cut short: its finished trials count
+            close_round(whole=False)
         if best_program is not None:
             result.best_program = best_program.program
             parallel = _has_parallel_loops(best_program.program)

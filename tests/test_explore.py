@@ -57,6 +57,35 @@ def test_a_rerun_with_the_same_seed_and_database_measures_nothing_new(tmp_path):
     assert again.best.program_hash == first.best.program_hash
 
 
+def test_searching_while_measuring_proposes_what_searching_after_would(tmp_path, monkeypatch):
+    db = tmp_path / "x.db"
+    monkeypatch.setattr("os.cpu_count", lambda: 4)  # one measuring job leaves cores to search
+    overlapped = run(db, trials=12)
+    monkeypatch.setattr("os.cpu_count", lambda: 1)  # the search waits for the measurements
+    waited = run(db, trials=12)
+    assert waited.measured == 0
+    assert [t.program_hash for t in waited.trials] == [t.program_hash for t in overlapped.trials]
+
+
+def test_an_interrupt_in_the_middle_of_a_round_keeps_its_finished_trials(tmp_path, monkeypatch):
+    import eqsched.explore as explore_module
+
+    calls = []
+
+    def measure_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return real_measure(*args, **kwargs)
+
+    real_measure = explore_module.measure
+    monkeypatch.setattr(explore_module, "measure", measure_then_interrupt)
+    cut = run(tmp_path / "x.db")
+    assert cut.interrupted
+    assert [len(r.trials) for r in cut.rounds] == [4, 1]  # the second round stopped in its 2nd
+    assert cut.rounds[1].spearman is None
+
+
 def test_an_interrupted_run_keeps_its_measurements_and_resumes(tmp_path):
     db = tmp_path / "x.db"
 
