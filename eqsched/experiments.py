@@ -62,7 +62,8 @@ def wilson(found: int, n: int, z: float = Z95) -> tuple[float, float]:
     p = found / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0 and n the bound is exactly 0 or 1; the formula lands a rounding error away.
+    return (0.0 if found == 0 else centre - half), (1.0 if found == n else centre + half)
 
 
 @dataclass
