@@ -87,7 +87,7 @@ class Membership:
     fraction: float | None
     low: float | None  # 95% Wilson interval (equal to fraction when exact)
     high: float | None
-    intersection: float | None  # the implied |A∩B|: fraction x |mine|
+    intersection: float | None  # the implied |A∩B|: fraction x |mine|, at most min(|A|, |B|)
     intersection_low: float | None
     intersection_high: float | None
 
@@ -168,6 +168,8 @@ def _space(naive: Program, rules: Any, limits: Limits | None) -> tuple[Space, Sp
 
 def _membership(mine: Space, other: Space, samples: int, seed: int) -> Membership:
     total = mine.count()
+    # |A∩B| <= min(|A|, |B|) exactly; a sampled fraction times |A| can overshoot |B|.
+    cap = min(total, other.count())
     if total == 0:
         return Membership(0, 0, True, None, None, None, 0, 0, 0)
     # A space no larger than the sample is tested whole: an exact answer, not an estimate.
@@ -176,8 +178,8 @@ def _membership(mine: Space, other: Space, samples: int, seed: int) -> Membershi
     found = sum(other.contains(term, sizes) for term, sizes in programs)
     fraction = found / len(programs)
     low, high = (fraction, fraction) if exact else wilson(found, len(programs))
-    return Membership(len(programs), found, exact, fraction, low, high, fraction * total,
-                      low * total, high * total)
+    return Membership(len(programs), found, exact, fraction, low, high,
+                      min(fraction * total, cap), min(low * total, cap), min(high * total, cap))
 
 
 def _statements(a: SpaceStats, b: SpaceStats, a_in_b: Membership, b_in_a: Membership
