@@ -1,7 +1,7 @@
 """Space experiment: how two rule sets' spaces relate, what a random program of one is worth, and
 how well cost models rank its programs.
 
-    python examples/space_experiment.py            # matmul 256^3, 32 measured programs, ~2 min
+    python examples/space_experiment.py            # matmul 256^3, 32 measured programs, ~20 s
     python examples/space_experiment.py --small    # a tiny matmul, seconds
 
 The same three experiments exist on the command line: `eqsched experiment compare|distribution|
