@@ -1,0 +1,136 @@
+"""Batch exploration: suites parse and cross, jobs run in worker processes or Ray tasks, and a
+batch resumes from the database without measuring anything twice."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from eqsched.batch import BatchError, Suite, run_batch
+from eqsched.db import Database
+
+TINY = """
+[defaults]
+trials = 2
+batch = 2
+threads = 1
+repeats = 2
+cost_model = "analytic"
+[[explore]]
+workload = "matmul"
+sizes = [[16, 16, 16], "small"]
+"""
+
+
+def suite(text: str) -> Suite:
+    import tomllib
+
+    return Suite.from_dict(tomllib.loads(text), "suite.toml")
+
+
+def measured_hashes(db) -> list[str]:
+    with Database(db) as d:
+        return [r.program_hash for r in d.records()]
+
+
+def test_lists_are_crossed_in_a_stable_order():
+    s = suite("""
+[defaults]
+trials = 4
+[[explore]]
+workload = "matmul"
+sizes = [[8, 8, 8], "small"]
+cost_model = ["analytic", "random"]
+seed = [0, 1]
+""")
+    assert len(s.jobs) == 2 * 2 * 2
+    assert s.jobs[0].key == "matmul/8x8x8 batch=8 cost_model=analytic repeats=10 seed=0 trials=4"
+    assert [j.size for j in s.jobs[4:]] == [(16, 24, 8)] * 4
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[explore]]\nworkload = "nope"', "unknown workload 'nope'"),
+    ('[[explore]]\nworkload = "matmul"\nsizes = [[8, 8]]', "takes 3 sizes"),
+    ('[[explore]]\nworkload = "matmul"\ntrails = 3', "unknown key 'trails'"),
+    ('[[explore]]\nworkload = "matmul"\ntrials = "many"', "trials = 'many' has the wrong type"),
+    ('[[explore]]\nworkload = "matmul"\ncost_model = "oracle"', "unknown cost model 'oracle'"),
+    ('[[explore]]\nworkload = "matmul"\nrules = "-nosuchrule"', "unknown rule"),
+    ('[defaults]\ntrials = 3', "no [[explore]] entries"),
+])
+def test_a_malformed_suite_is_refused_before_anything_runs(text, message):
+    with pytest.raises(BatchError, match="suite.toml") as err:
+        suite(text)
+    assert message in str(err.value)
+
+
+def test_a_batch_runs_every_job_and_a_rerun_takes_them_from_the_database(tmp_path):
+    db = tmp_path / "b.db"
+    first = run_batch(suite(TINY), db, jobs=2)
+    assert [r["status"] for r in first.rows] == ["done", "done"]
+    assert all(r["measured"] == 2 and r["best_gflops"] > 0 for r in first.rows)
+    stored = measured_hashes(db)
+    again = run_batch(suite(TINY), db, jobs=2)
+    assert [(r["status"], r["measured"], r["note"]) for r in again.rows] == \
+        [("done", 0, "from db")] * 2
+    assert measured_hashes(db) == stored
+    assert "from db" in again.table()
+
+
+def test_ctrl_c_stops_the_batch_and_a_rerun_resumes_without_remeasuring(tmp_path):
+    longer = TINY.replace("trials = 2", "trials = 12").replace("batch = 2", "batch = 3")
+    (tmp_path / "s.toml").write_text(
+        longer.replace('[[16, 16, 16], "small"]', "[[32, 32, 32], [48, 32, 16]]"))
+    cmd = [sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2", "--db", "b.db"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        if (tmp_path / "b.db").exists() and len(measured_hashes(tmp_path / "b.db")) >= 4:
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    before = measured_hashes(tmp_path / "b.db")
+    with Database(tmp_path / "b.db") as d:
+        assert "interrupted" in {r["status"] for r in d.runs()}
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    after = measured_hashes(tmp_path / "b.db")
+    assert after[:len(before)] == before and len(set(after)) == len(after)
+    with Database(tmp_path / "b.db") as d:
+        runs = d.runs()
+        resumed = [r for r in runs if r["id"] > max(r["id"] for r in runs) - 2]
+        assert [r["status"] for r in resumed] == ["done", "done"]
+        assert all(r["summary"]["trials"] == 12 for r in resumed)
+        # What the resumed runs measured is exactly what was not stored before the interrupt.
+        new = [r for r in d.records() if r.run_id in {x["id"] for x in resumed}
+               and r.structure != "naive"]
+        assert sum(r["summary"]["measured"] for r in resumed) == len(new) < 24
+
+
+def test_the_cli_reports_a_bad_suite_in_one_line(tmp_path):
+    (tmp_path / "bad.toml").write_text("[[explore]]\nworkload = 3\n")
+    done = subprocess.run([sys.executable, "-m", "eqsched", "batch", "bad.toml"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "eqsched: error: bad.toml [[explore]] #1: 'workload' must be a workload name"]
+
+
+def test_ray_runs_the_same_jobs_with_the_same_programs(tmp_path):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        by_ray = run_batch(suite(TINY), tmp_path / "ray.db", executor="ray")
+    finally:
+        ray.shutdown()
+    local = run_batch(suite(TINY), tmp_path / "local.db", jobs=2)
+    assert [r["status"] for r in by_ray.rows] == ["done", "done"]
+    assert [r["job"] for r in by_ray.rows] == [r["job"] for r in local.rows]
+    assert sorted(measured_hashes(tmp_path / "ray.db")) == \
+        sorted(measured_hashes(tmp_path / "local.db"))
