@@ -1,0 +1,64 @@
+"""The report: an HTML page whose every figure is a real PNG, from a database of explorations."""
+
+import subprocess
+import sys
+
+import pytest
+
+from eqsched.explore import Settings, explore
+
+pytest.importorskip("matplotlib")
+
+from eqsched.report import ReportError, write_report  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "r.db"
+    for model in ("analytic", "random"):
+        explore("matmul", (16, 16, 16), trials=4, batch=2, db=path, cost_model=model,
+                settings=Settings(repeats=2, warmup=0, threads=1))
+    return path
+
+
+def test_the_page_shows_every_exploration_and_figure(db, tmp_path):
+    report = write_report(db, tmp_path / "out", numpy=True, space=True)
+    page = (tmp_path / "out" / "index.html").read_text()
+    pngs = [f for f in report.files if f.suffix == ".png"]
+    assert {f.name for f in pngs} == {"progress_matmul_16x16x16.png",
+                                      "predicted_matmul_16x16x16.png", "space.png",
+                                      "standing.png"}
+    for f in pngs:
+        data = f.read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000
+        assert f'src="{f.name}"' in page
+    assert [r["configuration"].split(",")[0] for r in report.rows] == ["analytic", "random"]
+    assert all(r["trials"] == 4 and r["measured"] == 4 and r["best_gflops"] > 0
+               for r in report.rows)
+    assert all(r["x_numpy"] > 0 for r in report.rows)  # numpy timed on this machine
+    assert page.count("<tr>") == 1 + 2
+
+
+def test_space_counts_are_cached_beside_the_page(db, tmp_path):
+    write_report(db, tmp_path, numpy=False, space=True)
+    counts = (tmp_path / "space_counts.json").read_text()
+    assert '"without tile"' in counts and '"all rules"' in counts
+    report = write_report(db, tmp_path, numpy=False, space=False)
+    assert "space.png" not in {f.name for f in report.files}
+    assert all(r["x_numpy"] is None for r in report.rows)
+
+
+def test_an_empty_or_foreign_database_is_one_line(tmp_path):
+    from eqsched.db import Database
+
+    Database(tmp_path / "empty.db").close()
+    with pytest.raises(ReportError, match="no explorations"):
+        write_report(tmp_path / "empty.db", tmp_path / "out")
+    (tmp_path / "junk.db").write_text("not a database")
+    done = subprocess.run([sys.executable, "-m", "eqsched", "report", "--db", "junk.db"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "eqsched: error: junk.db is not an eqsched database (file is not a SQLite database)"]
