@@ -1,10 +1,362 @@
-"""Placeholder while `eqsched rules` is built (replaced by its owner)."""
+"""The rule-authoring kit: list the rules, and check one for soundness and for its effect.
+
+    eqsched rules list
+    eqsched rules check vectorize
+    eqsched rules check my_rule --module my_rule.py --workloads matmul,softmax
+
+`check_rule` fuzzes a rule: from programs drawn uniformly from each workload's space without the
+rule (small sizes), plus the naive program, it applies the rule wherever it matches (one
+iteration of the rule alone on an e-graph holding just that program) and takes the programs that
+changed. Each is built with the manual primitives *without* legality checks and executed in a
+worker process against the numpy reference, so a wrong rule is caught by its wrong numbers, not
+only by the legality checker (whose verdict is reported beside). The smallest failing case is
+reported first. It then compares the default space with and without the rule (e-nodes, e-classes,
+programs, saturation time) and the best GFLOPS a short exploration finds each way.
+
+    check = check_rule(RULES["vectorize"], workloads=["matmul"], programs=4)
+    check.sound, check.failures[:1], check.effect
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .egraph.derive import _Derivation
+from .egraph.encode import encode
+from .egraph.lang import root_expr
+from .egraph.saturate import Limits, Saturation, _report, _Runner, saturate
+from .egraph.space import Space
+from .egraph.term import show
+from .ir import Program, naive_program
+from .workloads import get_workload, list_workloads
+
+AFTERS_PER_PROGRAM = 4
+DRAWS_PER_PROGRAM = 64  # the changed structures are a minority of the sizes drawn
+DRAWS_FOR_MATCHES = 20  # uniform draws per wanted start where the rule matches
 
 
-def add_parser(sub) -> None:
-    def run(args) -> int:
-        from .cli import CliError
+@dataclass
+class Failure:
+    workload: str
+    size: list[int]
+    kind: str  # "wrong result", "run failed", "cannot be built"
+    detail: str
+    before: str  # program text
+    after: str
+    after_term: str
+    legality: str  # the legality checker's verdict on the program after
 
-        raise CliError("eqsched rules is not built yet")
+    @property
+    def weight(self) -> tuple:
+        scale = 1
+        for d in self.size:
+            scale *= max(d, 1)
+        return (scale, len(self.after.splitlines()), len(self.after))
 
-    sub.add_parser("rules", help="(being built)").set_defaults(run=run)
+
+@dataclass
+class RuleCheck:
+    rule: str
+    programs_started: int = 0
+    programs_checked: int = 0  # programs after the rule, executed
+    failures: list[Failure] = field(default_factory=list)
+    effect: list[dict[str, Any]] = field(default_factory=list)
+    measured: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def sound(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "sound": self.sound}
+
+
+class _Unchecked(_Derivation):
+    """The derivation without the whole-program legality check: what the rule's term says."""
+
+    def _check(self) -> None:
+        pass
+
+
+def _build_unchecked(term: Any, sizes: Any, naive: Program) -> Program:
+    return _Unchecked(term, sizes, naive, checked=False).run().program
+
+
+def _one_step(term: Any, naive: Program, facts: Any, rule: Any) -> Space:
+    """The space of `term` after one iteration of `rule` (and the analyses it needs)."""
+    from egglog import EGraph
+
+    from .rules import resolve
+    from .rules.analysis import program_root
+
+    root = root_expr(term)
+    egraph = EGraph()
+    egraph.register(program_root(root))
+    runner = _Runner(egraph, facts, Limits(iterations=1))
+    stop = runner.phase(resolve([rule]))
+    sat = Saturation(egraph, root, naive, facts, None)  # type: ignore[arg-type]
+    sat.report = _report(sat, runner, stop, time.perf_counter() - runner.start, [rule.name], [])
+    return Space(sat)
+
+
+def _legality(prog: Program) -> str:
+    from .legality import check_program
+    from .schedule import ScheduleError
+
+    try:
+        check_program(prog)
+    except ScheduleError as e:
+        return f"illegal: {e}"
+    return "legal"
+
+
+def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: int,
+               say: Any) -> None:
+    from .rules import DEFAULT, resolve
+    from .runner import measure
+
+    wl = get_workload(workload)
+    size = wl.small_size
+    naive = naive_program(wl.build(*size))
+    without = [name for name in DEFAULT if name != rule.name]
+    base = Space(saturate(naive, resolve(without)))
+    # Uniform draws often hold no match (vectorize needs a serial unit-stride innermost loop):
+    # draw until `programs` starts where the rule applies, within a bounded number of draws.
+    starts = [encode(naive, base.facts)] + base.sample(DRAWS_FOR_MATCHES * programs, seed)
+    rng = random.Random(seed)
+    matched = 0
+    for term, sizes in starts:
+        if matched == programs:
+            break
+        space = _one_step(term, naive, base.facts, rule)
+        if space.count_structures() <= 1:
+            continue
+        try:
+            before = _build_unchecked(term, sizes, naive)
+        except Exception:  # noqa: BLE001  (a start the primitives cannot build is skipped)
+            continue
+        matched += 1
+        check.programs_started += 1
+        total = space.count()
+        seen, afters = {show(term)}, []
+        for _ in range(DRAWS_PER_PROGRAM):
+            if len(afters) == AFTERS_PER_PROGRAM:
+                break
+            after_term, after_sizes = space.program(rng.randrange(total))
+            if show(after_term) not in seen:
+                seen.add(show(after_term))
+                afters.append((after_term, after_sizes))
+        for after_term, after_sizes in afters:
+            check.programs_checked += 1
+            failure = _run_after(workload, list(size), naive, before, after_term, after_sizes,
+                                 measure)
+            if failure is not None:
+                check.failures.append(failure)
+        say(workload, check)
+
+
+def _run_after(workload: str, size: list[int], naive: Program, before: Program, term: Any,
+               sizes: Any, measure: Any) -> Failure | None:
+    def failed(kind: str, detail: str, after: str = "", legality: str = "") -> Failure:
+        return Failure(workload, size, kind, detail.splitlines()[0], before.text(), after,
+                       show(term), legality)
+
+    try:
+        after = _build_unchecked(term, sizes, naive)
+    except Exception as e:  # noqa: BLE001  (the rule made a term no schedule spells)
+        return failed("cannot be built", f"{type(e).__name__}: {e}")
+    legality = _legality(after)
+    m = measure(after, repeats=0, warmup=0, timeout_s=60)
+    if m.error:
+        return failed("run failed", m.error, after.text(), legality)
+    if m.correct is False:
+        return failed("wrong result", m.check_message or "differs from numpy", after.text(),
+                      legality)
+    return None
+
+
+def _effect(rule: Any, workload: str) -> dict[str, Any]:
+    from .rules import DEFAULT
+
+    wl = get_workload(workload)
+    naive = naive_program(wl.build(*wl.small_size))
+    with_rule = list(dict.fromkeys([*DEFAULT, rule.name] if rule.name in DEFAULT else
+                                   [*DEFAULT, rule]))
+    sides = {"with": with_rule, "without": [r for r in DEFAULT if r != rule.name]}
+    row: dict[str, Any] = {"workload": workload, "size": list(wl.small_size)}
+    for side, rules in sides.items():
+        sat = saturate(naive, rules)
+        rep = sat.report
+        row[side] = {"enodes": rep.enodes, "eclasses": rep.eclasses,
+                     "programs": Space(sat).count(), "seconds": round(rep.seconds, 3),
+                     "stop_reason": rep.stop_reason}
+    return row
+
+
+def _best_gflops(rule: Any, trials: int, size: tuple[int, ...]) -> dict[str, Any]:
+    from .explore import Settings, explore
+    from .rules import DEFAULT
+
+    out = {"workload": "matmul", "size": list(size), "trials": trials}
+    with tempfile.TemporaryDirectory() as tmp:
+        for side, rules in (("with", [*DEFAULT, rule] if rule.name not in DEFAULT else None),
+                            ("without", [r for r in DEFAULT if r != rule.name])):
+            result = explore("matmul", size, trials=trials, batch=min(trials, 4),
+                             db=Path(tmp) / f"{side}.db", cost_model="analytic", rules=rules,
+                             settings=Settings(repeats=3, threads=1), measure_naive=False)
+            out[side] = result.best.gflops if result.best else None
+    return out
+
+
+def check_rule(rule: Any, workloads: list[str] | None = None, programs: int = 6, seed: int = 0,
+               measure: bool = True, trials: int = 8, measure_size: tuple[int, ...] = (64,) * 3,
+               progress: Any = None) -> RuleCheck:
+    """Fuzz `rule` (a Rule or a registered name) for soundness and report its effect; see the
+    module docstring."""
+    from .rules import RULES, RuleError
+
+    if isinstance(rule, str):
+        if rule not in RULES:
+            raise RuleError(f"unknown rule {rule!r}; known: {', '.join(sorted(RULES))}")
+        rule = RULES[rule]
+    if not rule.growth:
+        raise RuleError(f"{rule.name} is an analysis rule: it adds no programs to check")
+    names = workloads or [w.name for w in list_workloads()]
+    for name in names:
+        get_workload(name)
+    started = time.perf_counter()
+    check = RuleCheck(rule.name)
+    say = progress or (lambda workload, check: None)
+    for name in names:
+        _soundness(check, rule, name, programs, seed, say)
+        check.effect.append(_effect(rule, name))
+    check.failures.sort(key=lambda f: f.weight)
+    if measure:
+        check.measured = _best_gflops(rule, trials, measure_size)
+    check.seconds = time.perf_counter() - started
+    return check
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+
+def load_module(path: str) -> None:
+    """Import a Python file by path; its `@register` rules join the registry."""
+    from .rules import RuleError
+
+    file = Path(path)
+    if not file.is_file():
+        raise RuleError(f"no rule module {path}")
+    spec = importlib.util.spec_from_file_location(f"eqsched_user_rules_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise RuleError(f"{path} failed to import: {type(e).__name__}: {e}") from None
+
+
+def rule_rows() -> list[dict[str, Any]]:
+    from .rules import DEFAULT, RULES
+
+    rows = []
+    for name, rule in sorted(RULES.items()):
+        doc = [line.strip() for line in (type(rule).__doc__ or "").strip().splitlines()]
+        rows.append({"name": name, "kind": "growth" if rule.growth else "analysis",
+                     "default": name in DEFAULT, "requires": list(rule.requires),
+                     "summary": doc[0] if doc else "",
+                     "pattern": next((line for line in doc if "->" in line), "")})
+    return rows
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("rules", help="list the rewrite rules, or check one for soundness")
+    cmds = p.add_subparsers(dest="rules_command", required=True)
+    ls = cmds.add_parser("list", help="every registered rule")
+    ls.add_argument("--module", action="append", default=[], help="also load rules from FILE")
+    ls.add_argument("--json", action="store_true")
+    ck = cmds.add_parser("check", help="fuzz a rule for soundness; its effect on the space")
+    ck.add_argument("rule", help="a rule name (see `eqsched rules list`)")
+    ck.add_argument("--module", action="append", default=[],
+                    help="a Python file defining the rule with @register")
+    ck.add_argument("--workloads", help="comma-separated (default: every built-in workload)")
+    ck.add_argument("--programs", type=int, default=6, help="programs drawn per workload")
+    ck.add_argument("--seed", type=int, default=0)
+    ck.add_argument("--trials", type=int, default=8, help="exploration trials each way")
+    ck.add_argument("--no-measure", action="store_true", help="skip the exploration")
+    ck.add_argument("--json", action="store_true")
+    p.set_defaults(run=_cmd_rules)
+
+
+def _cmd_rules(args: Any) -> int:
+    from .cli import CliError
+    from .rules import RuleError
+
+    try:
+        for path in args.module:
+            load_module(path)
+        if args.rules_command == "list":
+            return _print_list(args.json)
+        if args.programs < 1 or args.trials < 1:
+            raise CliError("--programs and --trials must be >= 1")
+        workloads = [w.strip() for w in args.workloads.split(",")] if args.workloads else None
+
+        def show_progress(workload: str, check: RuleCheck) -> None:
+            print(f"  {workload}: {check.programs_checked} programs checked, "
+                  f"{len(check.failures)} failing so far", file=sys.stderr)
+
+        check = check_rule(args.rule, workloads, args.programs, args.seed,
+                           not args.no_measure, args.trials, progress=show_progress)
+    except RuleError as err:
+        raise CliError(str(err)) from None
+    if args.json:
+        print(json.dumps(check.to_json()))
+    else:
+        _print_check(check)
+    return 0 if check.sound else 1
+
+
+def _print_list(as_json: bool) -> int:
+    rows = rule_rows()
+    if as_json:
+        print(json.dumps(rows))
+        return 0
+    for r in rows:
+        flags = r["kind"] + (", default" if r["default"] else "")
+        needs = f"; requires {', '.join(r['requires'])}" if r["requires"] else ""
+        print(f"{r['name']:<14} ({flags}{needs}) {r['summary']}")
+        if r["pattern"]:
+            print(f"{'':<16}{r['pattern']}")
+    return 0
+
+
+def _print_check(check: RuleCheck) -> None:
+    verdict = "SOUND" if check.sound else f"UNSOUND ({len(check.failures)} failing programs)"
+    print(f"rule {check.rule}: {verdict}: {check.programs_checked} programs after the rule "
+          f"executed, from {check.programs_started} starting programs, {check.seconds:.0f} s")
+    if check.failures:
+        f = check.failures[0]
+        print(f"smallest failing case: {f.workload} {','.join(map(str, f.size))}: {f.kind}: "
+              f"{f.detail} (legality checker: {f.legality or 'n/a'})")
+        print("before:\n" + f.before)
+        print("after:\n" + (f.after or f"(term) {f.after_term}"))
+    print("effect on the space (small sizes), with / without the rule:")
+    for row in check.effect:
+        w, wo = row["with"], row["without"]
+        print(f"  {row['workload']}: programs {float(w['programs']):.3g} / "
+              f"{float(wo['programs']):.3g}, e-nodes {w['enodes']} / {wo['enodes']}, "
+              f"e-classes {w['eclasses']} / {wo['eclasses']}, saturation {w['seconds']} / "
+              f"{wo['seconds']} s")
+    if check.measured:
+        m = check.measured
+        print(f"best GFLOPS on matmul {','.join(map(str, m['size']))} in {m['trials']} trials: "
+              f"{m['with']} with, {m['without']} without")
