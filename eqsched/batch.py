@@ -224,11 +224,15 @@ def _row(job: Job, status: str, summary: dict[str, Any], measured: int | None = 
 # ---- executors --------------------------------------------------------------------------------
 
 _busy = False
+_stop: Any = None  # set by the parent on Ctrl-C: queued jobs then do not start
 
 
-def _worker_init() -> None:
+def _worker_init(stop: Any) -> None:
     # An idle pool process ignores Ctrl-C (dying would break the pool); a busy one stops its
     # exploration, which keeps what it measured and marks its run interrupted.
+    global _stop
+    _stop = stop
+
     def on_sigint(signum: int, frame: Any) -> None:
         if _busy:
             raise KeyboardInterrupt
@@ -238,6 +242,8 @@ def _worker_init() -> None:
 
 def _pool_job(job: Job, db_path: str) -> dict[str, Any]:
     global _busy
+    if _stop is not None and _stop.is_set():
+        return _row(job, "not run", {}, note="interrupted before it started")
     _busy = True
     try:
         return run_job(job, db_path)
@@ -252,7 +258,9 @@ def _run_local(jobs: list[Job], db_path: str, workers: int, say: Progress) -> tu
     rows: dict[Job, dict[str, Any]] = {}
     interrupted = False
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
+    stop = context.Event()
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
+                             initargs=(stop,)) as pool:
         futures = {}
         for job in jobs:
             futures[pool.submit(_pool_job, job, db_path)] = job
@@ -265,6 +273,7 @@ def _run_local(jobs: list[Job], db_path: str, workers: int, say: Progress) -> tu
                     say("job", rows[futures[f]])
         except KeyboardInterrupt:
             interrupted = True
+            stop.set()
             for f in pending:
                 f.cancel()
             for f in pending:  # running explorations stop after their current measurement
