@@ -125,14 +125,12 @@ def _legality(prog: Program) -> str:
 
 def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: int,
                say: Any) -> None:
-    from .rules import DEFAULT, resolve
-    from .runner import measure
+    from .rules import resolve
 
     wl = get_workload(workload)
     size = wl.small_size
     naive = naive_program(wl.build(*size))
-    without = [name for name in DEFAULT if name != rule.name]
-    base = Space(saturate(naive, resolve(without)))
+    base = Space(saturate(naive, resolve(_rule_sets(rule)["without"])))
     # Uniform draws often hold no match (vectorize needs a serial unit-stride innermost loop):
     # draw until `programs` starts where the rule applies, within a bounded number of draws.
     starts = [encode(naive, base.facts)] + base.sample(DRAWS_FOR_MATCHES * programs, seed)
@@ -168,15 +166,16 @@ def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: 
         check.programs_started += 1
         for after_term, after_sizes in afters:
             check.programs_checked += 1
-            failure = _run_after(workload, list(size), naive, before, after_term, after_sizes,
-                                 measure)
+            failure = _run_after(workload, list(size), naive, before, after_term, after_sizes)
             if failure is not None:
                 check.failures.append(failure)
         say(workload, check)
 
 
 def _run_after(workload: str, size: list[int], naive: Program, before: Program, term: Any,
-               sizes: Any, measure: Any) -> Failure | None:
+               sizes: Any) -> Failure | None:
+    from .runner import measure
+
     def failed(kind: str, detail: str, after: str = "", legality: str = "") -> Failure:
         return Failure(workload, size, kind, detail.splitlines()[0], before.text(), after,
                        show(term), legality)
@@ -195,16 +194,19 @@ def _run_after(workload: str, size: list[int], naive: Program, before: Program, 
     return None
 
 
-def _effect(rule: Any, workload: str) -> dict[str, Any]:
+def _rule_sets(rule: Any) -> dict[str, list]:
+    """The default rule set with the rule (added if it is not a default one) and without it."""
     from .rules import DEFAULT
 
+    return {"with": list(DEFAULT) if rule.name in DEFAULT else [*DEFAULT, rule],
+            "without": [name for name in DEFAULT if name != rule.name]}
+
+
+def _effect(rule: Any, workload: str) -> dict[str, Any]:
     wl = get_workload(workload)
     naive = naive_program(wl.build(*wl.small_size))
-    with_rule = list(dict.fromkeys([*DEFAULT, rule.name] if rule.name in DEFAULT else
-                                   [*DEFAULT, rule]))
-    sides = {"with": with_rule, "without": [r for r in DEFAULT if r != rule.name]}
     row: dict[str, Any] = {"workload": workload, "size": list(wl.small_size)}
-    for side, rules in sides.items():
+    for side, rules in _rule_sets(rule).items():
         sat = saturate(naive, rules)
         rep = sat.report
         row[side] = {"enodes": rep.enodes, "eclasses": rep.eclasses,
@@ -215,12 +217,10 @@ def _effect(rule: Any, workload: str) -> dict[str, Any]:
 
 def _best_gflops(rule: Any, trials: int, size: tuple[int, ...]) -> dict[str, Any]:
     from .explore import Settings, explore
-    from .rules import DEFAULT
 
     out = {"workload": "matmul", "size": list(size), "trials": trials}
     with tempfile.TemporaryDirectory() as tmp:
-        for side, rules in (("with", [*DEFAULT, rule] if rule.name not in DEFAULT else None),
-                            ("without", [r for r in DEFAULT if r != rule.name])):
+        for side, rules in _rule_sets(rule).items():
             result = explore("matmul", size, trials=trials, batch=min(trials, 4),
                              db=Path(tmp) / f"{side}.db", cost_model="analytic", rules=rules,
                              settings=Settings(repeats=3, threads=1), measure_naive=False)
