@@ -184,7 +184,8 @@ class EvolutionarySearch:
         """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
         move = self.rng.random()
         if move < 0.4 and cand.picks:
-            slot = self.rng.choice(sorted(cand.picks))
+            # Walk order, not e-class ids: egglog numbers classes differently from run to run.
+            slot = self.rng.choice(list(cand.picks))
             n = len(self.space.choices(slot))
             if n > 1:
                 picks = dict(cand.picks)
