@@ -175,14 +175,21 @@ class Program:
         loops: list[Loop] = []
         loop_named: dict[str, Loop] = {}
         around: dict[str, list[Loop]] = {}
-        for n, path in walk(self.body):
-            if isinstance(n, Block):
-                blocks.append(n)
-            elif isinstance(n, Loop):
-                loops.append(n)
-                loop_named.setdefault(n.name, n)
-            if isinstance(n, Block | Loop):
-                around.setdefault(n.name, [p for p in path if isinstance(p, Loop)])
+
+        def visit(nodes: tuple[Node, ...], outer: list[Loop]) -> None:
+            for n in nodes:
+                if type(n) is Block:
+                    blocks.append(n)
+                    around.setdefault(n.name, outer)
+                elif type(n) is Loop:
+                    loops.append(n)
+                    loop_named.setdefault(n.name, n)
+                    around.setdefault(n.name, outer)
+                    visit(n.body, outer + [n])
+                else:
+                    visit(n.body, outer)
+
+        visit(self.body, [])
         return blocks, loops, loop_named, around
 
     def blocks(self) -> list[Block]:
@@ -236,8 +243,16 @@ def map_nodes(nodes: tuple[Node, ...],
     node, a tuple of nodes to splice in its place (possibly empty), or None to keep it."""
     out: list[Node] = []
     for n in nodes:
-        if isinstance(n, (Loop, Alloc)):
-            n = replace(n, body=map_nodes(n.body, fn))
+        # Unchanged subtrees are shared, not copied: schedules rebuild programs thousands of
+        # times per search round and most of each tree stays as it was.
+        if isinstance(n, Loop):
+            body = map_nodes(n.body, fn)
+            if _changed(body, n.body):
+                n = Loop(n.name, n.extent, n.kind, body)
+        elif isinstance(n, Alloc):
+            body = map_nodes(n.body, fn)
+            if _changed(body, n.body):
+                n = Alloc(n.buffer, body)
         r = fn(n)
         if r is None:
             out.append(n)
@@ -246,6 +261,10 @@ def map_nodes(nodes: tuple[Node, ...],
         else:
             out.append(r)
     return tuple(out)
+
+
+def _changed(new: tuple[Node, ...], old: tuple[Node, ...]) -> bool:
+    return len(new) != len(old) or any(a is not b for a, b in zip(new, old))
 
 
 def nest(loops: list[tuple[str, int, LoopKind]], inner: tuple[Node, ...]) -> tuple[Node, ...]:

@@ -65,6 +65,13 @@ class Schedule:
         self._program = program
         self._trace: list[dict] = []
 
+    def fork(self) -> Schedule:
+        """An independent copy (same program and trace): a trial that can be dropped, since the
+        primitives have no undo."""
+        copy = Schedule.__new__(Schedule)
+        copy._checked, copy._program, copy._trace = self._checked, self._program, list(self._trace)
+        return copy
+
     @property
     def program(self) -> Program:
         return self._program

@@ -128,16 +128,8 @@ class _Derivation:
         hosts = sorted(blocks, key=lambda b: (-len(self.facts.blocks[b].axes), blocks.index(b)))
         main, names = self.sch, dict(self.names)
         for host in hosts:
-            # a trial: the manual API has no undo
-            self.sch = Schedule(main.program, checked=self.checked)
+            self.sch = main.fork()
             if self._fuse_all(host, blocks):
-                for step in self.sch.trace:
-                    args = step["args"]
-                    if step["op"] == "reorder":
-                        main.reorder(*args["loops"])
-                    else:
-                        getattr(main, step["op"])(**args)
-                self.sch = main
                 return
             self.sch, self.names = main, dict(names)
         raise DeriveError(f"cannot build {show(Term((root,)))} by fusing into one nest: the "
