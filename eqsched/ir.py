@@ -215,6 +215,29 @@ class Program:
                   buffers: tuple[Buffer, ...] | None = None) -> Program:
         return replace(self, body=body, buffers=self.buffers if buffers is None else buffers)
 
+    def replacing_loop(self, name: str, new: tuple[Node, ...]) -> Program:
+        """The program with loop `name` replaced by `new`: only the loops around it are rebuilt
+        (a schedule step touches one nest; copying the whole tree made searches slow)."""
+        spine = [lp.name for lp in self._index[3][name]]
+
+        def down(nodes: tuple[Node, ...], depth: int) -> tuple[Node, ...]:
+            out: list[Node] = []
+            for n in nodes:
+                if type(n) is Loop:
+                    if depth == len(spine) and n.name == name:
+                        out.extend(new)
+                        continue
+                    if depth < len(spine) and n.name == spine[depth]:
+                        n = Loop(n.name, n.extent, n.kind, down(n.body, depth + 1))
+                elif type(n) is Alloc:
+                    body = down(n.body, depth)
+                    if _changed(body, n.body):
+                        n = Alloc(n.buffer, body)
+                out.append(n)
+            return tuple(out)
+
+        return self.with_body(down(self.body, 0))
+
     def text(self) -> str:
         from .printer import print_program
 

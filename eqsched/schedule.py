@@ -105,16 +105,15 @@ class Schedule:
         names = [f"{loop}.{n}" for n in range(len(sizes))]
         strides = [math.prod(sizes[n + 1:]) for n in range(len(sizes))]
 
-        def rebuild(node: Node) -> Node | None:
-            if isinstance(node, Loop) and node.name == loop:
-                pieces = [(nm, f, LoopKind.SERIAL) for nm, f in zip(names, sizes)]
-                return nest(pieces, node.body)[0]
+        def rebind(node: Node) -> Node | None:
             if isinstance(node, Block) and loop_binding(node, loop):
                 return _rebind(node, {loop: [(nm, s) for nm, s in zip(names, strides)]})
             return None
 
+        # Only blocks under the loop can bind it.
+        pieces = [(nm, f, LoopKind.SERIAL) for nm, f in zip(names, sizes)]
         self._commit("split", {"loop": loop, "factors": sizes},
-                     self._program.with_body(map_nodes(self._program.body, rebuild)))
+                     self._program.replacing_loop(loop, nest(pieces, map_nodes(lp.body, rebind))))
         return names
 
     def reorder(self, *loops: str) -> None:
@@ -145,7 +144,7 @@ class Schedule:
         for lp in reversed(new_chain):
             body = (replace(lp, body=body),)
         self._commit("reorder", {"loops": list(loops)},
-                     prog.with_body(_replace_loop(prog.body, chain[0].name, body)))
+                     prog.replacing_loop(chain[0].name, body))
 
     def vectorize(self, loop: str) -> None:
         self._annotate("vectorize", loop, LoopKind.VECTORIZED)
@@ -158,8 +157,8 @@ class Schedule:
 
     def _annotate(self, op: str, loop: str, kind: LoopKind) -> None:
         lp = self._loop(loop)
-        body = _replace_loop(self._program.body, loop, (replace(lp, kind=kind),))
-        self._commit(op, {"loop": loop}, self._program.with_body(body))
+        self._commit(op, {"loop": loop},
+                     self._program.replacing_loop(loop, (Loop(lp.name, lp.extent, kind, lp.body),)))
 
     # ---- blocks ---------------------------------------------------------------------------
 
@@ -187,14 +186,10 @@ class Schedule:
         new_blk, loops = _rebuild_under(blk, chain, mapping, _nest_prefix(blk), prog)
         new_nest = nest(loops, (new_blk,))
 
-        def place(node: Node) -> Node | None:
-            if isinstance(node, Loop) and node.name == at:
-                body = new_nest + node.body if produces else node.body + new_nest
-                return replace(node, body=body)
-            return None
-
-        body = tuple(n for n in prog.body if n is not root)
-        self._commit("fuse", {"block": block, "at": at}, prog.with_body(map_nodes(body, place)))
+        body = new_nest + at_loop.body if produces else at_loop.body + new_nest
+        placed = prog.replacing_loop(at, (Loop(at, at_loop.extent, at_loop.kind, body),))
+        self._commit("fuse", {"block": block, "at": at},
+                     placed.with_body(tuple(n for n in placed.body if n is not root)))
 
     def inline(self, block: str) -> None:
         """Substitute an elementwise intermediate's value into its readers; drop its buffer."""
@@ -406,10 +401,6 @@ def _rebind(blk: Block, pieces: dict[str, list[tuple[str, int]]]) -> Block:
             terms += [(p, s * ps) for p, ps in pieces[lp]] if lp in pieces else [(lp, s)]
         binds.append(replace(b, terms=tuple(terms)))
     return replace(blk, bindings=tuple(binds))
-
-
-def _replace_loop(body: tuple[Node, ...], name: str, new: tuple[Node, ...]) -> tuple[Node, ...]:
-    return map_nodes(body, lambda n: new if isinstance(n, Loop) and n.name == name else None)
 
 
 def _loops_in(node: Node):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from eqsched.egraph.derive import DeriveError, realize
 from eqsched.egraph.space import Slot, Space
-from eqsched.egraph.term import BlockRef, Loop, Sizes, Term, walk
+from eqsched.egraph.term import BlockRef, Sizes, Term, walk
 from eqsched.ir import LoopKind, Program
 from eqsched.schedule import ScheduleError
 
@@ -53,18 +53,15 @@ def unrolled_copies(prog: Program) -> int:
     return total
 
 
-def _unrolled_symbols(term: Term) -> set[tuple[str, str]]:
-    return {(s.group, s.path) for s, _ in walk(term.body) if isinstance(s, Loop)
-            and s.kind == "unroll"}
+def _unrolled_chains(term: Term) -> list[tuple[tuple[str, str], ...]]:
+    """Per block of the term, the symbols of the unrolled loops around it."""
+    return [tuple((lp.group, lp.path) for lp in outer if lp.kind == "unroll")
+            for stmt, outer in walk(term.body) if isinstance(stmt, BlockRef)]
 
 
-def _term_unrolled(term: Term, sizes: Sizes) -> int:
+def _term_unrolled(chains: list[tuple[tuple[str, str], ...]], sizes: Sizes) -> int:
     """`unrolled_copies` of the term's blocks, read off the term (copy nests not counted)."""
-    total = 0
-    for stmt, outer in walk(term.body):
-        if isinstance(stmt, BlockRef):
-            total += math.prod(sizes[(lp.group, lp.path)] for lp in outer if lp.kind == "unroll")
-    return total
+    return sum(math.prod(sizes[s] for s in chain) for chain in chains)
 
 
 @dataclass(eq=False)
@@ -146,12 +143,13 @@ class EvolutionarySearch:
             old = assignment.get(group)
             sized[group] = old if old in opts else self.rng.choice(opts)
         sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
+        chains = _unrolled_chains(term)
+        unrolled = {g for chain in chains for g, _ in chain}
         for _ in range(self.max_attempts):
             # Over the unrolling limit (known before the costly realization): re-size the groups
             # of the unrolled loops; nested unrolls of a uniform draw are mostly too long.
-            if _term_unrolled(term, sizes) <= self.max_unrolled:
+            if _term_unrolled(chains, sizes) <= self.max_unrolled:
                 break
-            unrolled = {g for g, _ in _unrolled_symbols(term)}
             for group, opts in options:
                 if group in unrolled:
                     sized[group] = self.rng.choice(opts)
