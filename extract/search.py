@@ -236,7 +236,8 @@ class EvolutionarySearch:
             if fresh is None:
                 break
             add([fresh])
-        ranked = self.rank(list(pool.values()))
+        known: dict[str, float] = {}  # the model does not change within a round
+        ranked = self.rank(list(pool.values()), known)
         stale = 0
         for generation in range(self.max_generations):
             parents = [c for c, _ in ranked[: self.survivors]]
@@ -244,7 +245,7 @@ class EvolutionarySearch:
                 break
             before = _top_score(ranked, k)
             add(self.mutate(self.rng.choice(parents)) for _ in range(self.population))
-            ranked = self.rank(list(pool.values()))
+            ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in ranked[: self.population]}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0
         self._kept = [c for c, _ in ranked[: self.survivors]]
@@ -255,13 +256,16 @@ class EvolutionarySearch:
         chosen += self.rng.sample(rest, min(n_random, len(rest)))
         return chosen
 
-    def rank(self, cands: list[Candidate]) -> list[tuple[Candidate, float]]:
-        """(candidate, predicted seconds), best first; ties broken by hash (deterministic)."""
-        if not cands:
-            return []
-        scores = self.model.predict([c.program for c in cands])
-        order = sorted(range(len(cands)), key=lambda i: (scores[i], cands[i].hash))
-        return [(cands[i], float(scores[i])) for i in order]
+    def rank(self, cands: list[Candidate], known: dict[str, float] | None = None
+             ) -> list[tuple[Candidate, float]]:
+        """(candidate, predicted seconds), best first; ties broken by hash (deterministic).
+        `known` (hash -> seconds) holds predictions already made, and is filled in."""
+        known = {} if known is None else known
+        new = [c for c in cands if c.hash not in known]
+        if new:
+            known.update(zip([c.hash for c in new],
+                             map(float, self.model.predict([c.program for c in new]))))
+        return sorted(((c, known[c.hash]) for c in cands), key=lambda cs: (cs[1], cs[0].hash))
 
 
 def _top_score(ranked: list[tuple[Candidate, float]], k: int) -> float:

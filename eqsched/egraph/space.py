@@ -165,6 +165,8 @@ def _assignments(children: dict[str, list[str]], path: str, extent: int,
 
 def _value(array: np.ndarray, omega: Omega) -> int:
     """The count at profile indices `omega` (an axis of size 1 holds it for every profile)."""
+    if array.size == 1:
+        return array.flat[0]
     return array[tuple(i if n > 1 else 0 for i, n in zip(omega, array.shape))]
 
 
@@ -188,6 +190,7 @@ class Space:
         self._parse()
         self._index_constraints()
         # Tables per node, per slot before and after settling groups, and what unranking needs.
+        self._slot_nodes_cache: dict[Slot, tuple[_Node, ...]] = {}
         self._node_tables: dict[int, Table] = {}
         self._raw_tables: dict[Slot, Table] = {}
         self._tables: dict[Slot, Table] = {}
@@ -346,8 +349,12 @@ class Space:
                 key |= sum(self._bit[(group, p, "")] for p in _lineage(path))
         return key
 
-    def _slot_nodes(self, slot: Slot) -> list[_Node]:
-        return [n for n in self._nodes[slot[0]] if _allowed(n.op, slot[1])]
+    def _slot_nodes(self, slot: Slot) -> tuple[_Node, ...]:
+        out = self._slot_nodes_cache.get(slot)
+        if out is None:  # asked for at every step of every walk and unranking
+            out = tuple(n for n in self._nodes[slot[0]] if _allowed(n.op, slot[1]))
+            self._slot_nodes_cache[slot] = out
+        return out
 
     def _along(self, group: str, values: list[int]) -> np.ndarray:
         """`values` as an array varying along the group's axis only."""
@@ -764,11 +771,11 @@ class Space:
     def root_slot(self) -> Slot:
         return (self.root_class, INLINES)
 
-    def choices(self, slot: Slot) -> list[_Node]:
+    def choices(self, slot: Slot) -> tuple[_Node, ...]:
         """The nodes a program may take at `slot`, in the space's content-based order."""
         return self._slot_nodes(slot)
 
-    def walk(self, pick: Callable[[Slot, list[_Node]], _Node]) -> Term:
+    def walk(self, pick: Callable[[Slot, tuple[_Node, ...]], _Node]) -> Term:
         """The structure made by choosing, top-down, the node `pick(slot, choices)` at every slot
         the walk reaches (the e-graph is acyclic, so every walk ends)."""
 
