@@ -20,12 +20,16 @@ after the other). Per block, in cycles:
 Every operation runs once per iteration of the innermost serial loop it depends on, and once per
 unrolled copy it depends on: that is LLVM's loop-invariant code motion (an accumulator invariant
 in the innermost loop is promoted to a register, an invariant load or exp is hoisted) and CSE
-across unrolled copies (A[i, k] under an unrolled j is loaded once). An operation that does not
+across unrolled copies (A[i, k] under an unrolled j is loaded once), as long as the loads
+hoisted out of the innermost serial loop fit in 16 registers; past that they are re-loaded in
+it, as LLVM does (B[k, j] invariant in i but unrolled 16 x 4 zmm). An operation that does not
 depend on the vectorized loop is scalar (a broadcast, for loads). A vector access whose lanes
 are not contiguous is a gather (a load per lane, never hoisted); an index that is not affine
 (a packed panel narrower than the vector) costs scalar integer code per lane. A local tile
-whose accesses depend on unrolled and vectorized loops only lives in registers. A carried
-tile's accumulators spill beyond 31 registers (operands need none: FMAs read them from memory).
+whose accesses depend on unrolled and vectorized loops only lives in registers. Accumulators
+kept in registers (carried through the innermost serial loop, or through unrolled copies of a
+loop they do not depend on) spill beyond 31 registers (operands need none: FMAs read them from
+memory).
 
 Cache traffic is the classic reuse model: for each access and level, find the outermost loop
 whose body's footprint (distinct lines per buffer, from index strides and extents) fits the
@@ -67,6 +71,7 @@ ISSUE_WIDTH, BIG_BODY_ISSUE_WIDTH, BIG_BODY = 4.0, 2.5, 6000  # instructions; L1
 FMA_LATENCY = 4
 RMW_CYCLES = 3.0  # an accumulator updated in memory each iteration: load, FMA, store
 REGISTERS = 32
+HOISTED_REGISTERS = 16  # loads hoisted out of the innermost serial loop; the rest hold the tile
 REGISTER_TILE_ELEMS = 1024  # larger local tiles are not split into registers
 SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
 LOOP_ENTRY_CYCLES = 3.0
@@ -273,6 +278,7 @@ class _BlockCoster:
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
         self.units = dict.fromkeys(("compute", "loads", "stores", "instructions"), 0.0)
+        self.hoisted_registers = 0
 
     def profile(self) -> _Profile:
         blk = self.blk
@@ -288,20 +294,25 @@ class _BlockCoster:
         latency = spills = 0.0
         if blk.reduce is not None:
             self._op("compute", OP_COST["max" if blk.reduce == "max" else "+"], everywhere)
+            chains = math.prod(lp.extent for d, lp in enumerate(self.loops)
+                               if d > self.innermost and d in deps
+                               and lp.kind == LoopKind.UNROLLED)
+            # Accumulators stay in registers through the loops they are invariant in: a
+            # carried innermost serial loop, or unrolled copies (CSE) inside each iteration.
+            live = any(d > self.innermost and d not in deps and lp.kind == LoopKind.UNROLLED
+                       for d, lp in enumerate(self.loops))
             if store.buffer not in self.registers:  # promoted out of the loops it is invariant in
                 self._op("loads", 1, deps)
                 self._op("stores", 1, deps)
                 if self.innermost in deps:  # updated in memory, reloaded after its store
                     latency = self._count(deps) * RMW_CYCLES
             if self.innermost >= 0 and self.innermost not in deps:  # carried through the loop
-                chains = math.prod(lp.extent for d, lp in enumerate(self.loops)
-                                   if d > self.innermost and d in deps
-                                   and lp.kind == LoopKind.UNROLLED)
                 latency = self._count(everywhere) / chains * FMA_LATENCY
-                excess = chains * self._registers(deps) + 1 - REGISTERS
-                if excess > 0:
-                    once, each = SPILL_CYCLES
-                    spills = (once + each * excess) * self._iterations()
+                live = True
+            excess = chains * self._registers(deps) + 1 - REGISTERS
+            if live and excess > 0:
+                once, each = SPILL_CYCLES
+                spills = (once + each * excess) * self._iterations()
         elif store.buffer not in self.registers:
             self._op("stores", 1, everywhere)
         self.units["instructions"] += LOOP_INSTRUCTIONS * self._iterations()
@@ -392,8 +403,18 @@ class _BlockCoster:
             self._op("loads", 1, placed, units_per_op=self.lanes)  # a load per lane
             self._op("compute", GATHER_ALU, placed)
         else:
-            self._op("loads", 1, deps)
+            self._op("loads", 1, self._hoisted(deps))
         return deps
+
+    def _hoisted(self, deps: frozenset[int]) -> frozenset[int]:
+        """Where a value invariant in the innermost serial loop is computed: hoisted out of it
+        while the hoisted values fit in registers, else (LLVM re-loads it) in it after all."""
+        if self.innermost < 0 or self.innermost in deps:
+            return deps
+        copies = math.prod(lp.extent for d, lp in enumerate(self.loops)
+                           if d > self.innermost and d in deps and lp.kind == LoopKind.UNROLLED)
+        self.hoisted_registers += copies * self._registers(deps)
+        return deps if self.hoisted_registers <= HOISTED_REGISTERS else deps | {self.innermost}
 
     def _access(self, buffer: str, indices: tuple[Expr, ...], written: bool) -> _Access:
         dims = self.shape[buffer]

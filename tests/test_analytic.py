@@ -75,6 +75,41 @@ def test_unrolling_the_register_tile_matters(model):
     assert unrolled < rolled / 2
 
 
+def row_of_c_over_unrolled_k(naive, i_unroll=1, j_serial=1):
+    """C[i, 0:256] over 16 unrolled k (or i_unroll rows of it over 8 k, in j_serial strips):
+    B's 16 x 256 block does not depend on i, but it is far too big to stay in registers."""
+    s = Schedule(naive)
+    if i_unroll == 1:
+        s.split("C.j", [2, 4, 64])
+        s.split("C.k", [32, 16])
+        s.reorder("C.j.0", "C.k.0", "C.i", "C.k.1", "C.j.1", "C.j.2")
+        s.unroll("C.k.1")
+        s.unroll("C.j.1")
+        s.vectorize("C.j.2")
+        return s.program
+    s.split("C.i", [512 // i_unroll, i_unroll])
+    s.split("C.j", [2, j_serial, 256 // j_serial])
+    s.split("C.k", [64, 8])
+    s.reorder("C.j.0", "C.i.0", "C.k.0", "C.j.1", "C.i.1", "C.k.1", "C.j.2")
+    s.unroll("C.i.1")
+    s.unroll("C.k.1")
+    s.vectorize("C.j.2")
+    return s.program
+
+
+def test_loads_hoisted_out_of_a_loop_must_fit_in_registers(model):
+    # One B vector per FMA: measured 87 GFLOPS where a register-held B would allow the peak.
+    terms = model.breakdown(row_of_c_over_unrolled_k(matmul()))
+    assert terms["loads"] >= 0.9 * terms["compute"]
+
+
+def test_accumulators_live_across_unrolled_copies_spill_past_the_register_file(model):
+    naive = matmul()
+    fits = model.breakdown(row_of_c_over_unrolled_k(naive, i_unroll=4, j_serial=4))  # 16 zmm
+    spills = model.breakdown(row_of_c_over_unrolled_k(naive, i_unroll=8, j_serial=4))  # 32 zmm
+    assert fits["spills"] == 0 < spills["spills"]
+
+
 def test_the_tiled_matmul_beats_the_naive_one_by_far(model):
     naive = matmul()
     tiled, plain = model.predict([register_tiled(naive), naive])
