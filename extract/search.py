@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from eqsched.egraph.derive import DeriveError, realize
+from eqsched.egraph.derive import DeriveError, realize, verify
 from eqsched.egraph.space import Slot, Space
 from eqsched.egraph.term import BlockRef, Sizes, Term, walk
 from eqsched.ir import LoopKind, Program
@@ -96,6 +96,7 @@ class EvolutionarySearch:
         self._kept: list[Candidate] = []  # the last round's best, re-scored next round
         # realize() is the expensive part; bounded, since a long run builds tens of thousands.
         self._programs: OrderedDict[tuple, Program | None] = OrderedDict()
+        self._verified_hashes: set[str] = set()
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -162,13 +163,15 @@ class EvolutionarySearch:
         return Candidate(term, dict(sorted(sizes.items())), prog, used, sized)
 
     def program_of(self, term: Term, sizes: Sizes) -> Program | None:
-        """The concrete program (memoized), or None if the primitives cannot build it."""
+        """The concrete program (memoized), or None if the primitives cannot build it. It is not
+        verified (legal, and encoding back to the term): ranking does not need that, and
+        `propose` verifies what it returns."""
         key = (term, tuple(sorted(sizes.items())))
         if key in self._programs:
             self._programs.move_to_end(key)
             return self._programs[key]
         try:
-            prog = realize(term, sizes, self.space.naive)
+            prog = realize(term, sizes, self.space.naive, verify=False)
         except (DeriveError, ScheduleError):
             # A structure the manual primitives cannot build (derive's known gaps) is skipped,
             # never guessed at.
@@ -251,10 +254,28 @@ class EvolutionarySearch:
         self._kept = [c for c, _ in ranked[: self.survivors]]
         fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
         n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
-        chosen = fresh[: k - n_random]
-        rest = fresh[k - n_random:]
-        chosen += self.rng.sample(rest, min(n_random, len(rest)))
+        chosen: list[tuple[Candidate, float]] = []
+        while fresh and len(chosen) < k - n_random:
+            cand, score = fresh.pop(0)
+            if self._verified(cand):
+                chosen.append((cand, score))
+        picks = self.rng.sample(fresh, len(fresh))
+        chosen += [cs for cs in picks if self._verified(cs[0])][:k - len(chosen)]
         return chosen
+
+    def _verified(self, cand: Candidate) -> bool:
+        """Is the unverified realization (see `program_of`) legal and the term's own? A
+        candidate that fails is forgotten: it is never ranked or proposed again."""
+        if cand.hash in self._verified_hashes:
+            return True
+        try:
+            verify(cand.term, cand.sizes, cand.program, self.space.facts)
+        except DeriveError:
+            self._programs[(cand.term, tuple(sorted(cand.sizes.items())))] = None
+            self._kept = [c for c in self._kept if c is not cand]
+            return False
+        self._verified_hashes.add(cand.hash)
+        return True
 
     def rank(self, cands: list[Candidate], known: dict[str, float] | None = None
              ) -> list[tuple[Candidate, float]]:
