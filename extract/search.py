@@ -82,8 +82,8 @@ class Candidate:
 class EvolutionarySearch:
     """Proposes the candidates `model` ranks best, round after round; deterministic by seed."""
 
-    def __init__(self, space: Space, model: CostModel, *, seed: int = 0, population: int = 128,
-                 generations: int = 5, max_generations: int = 20, survivors: int = 32,
+    def __init__(self, space: Space, model: CostModel, *, seed: int = 0, population: int = 192,
+                 generations: int = 5, max_generations: int = 20, survivors: int = 48,
                  random_fraction: float = 0.125, max_attempts: int = 50,
                  max_unrolled: int = MAX_UNROLLED):
         self.space, self.model = space, model
