@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", choices=sorted(CASES), help="cases to run (default all)")
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=None, help="candidates per round (explore's default)")
     ap.add_argument("--cost-model", default="learned")
     ap.add_argument("--db", help="database to use (default: a fresh one per case)")
     ap.add_argument("--repeats", type=int, default=20, help="side-by-side timing runs")
@@ -81,7 +82,8 @@ def main() -> None:
         workload, size, bar, tvm_s = CASES[name]
         with tempfile.TemporaryDirectory() as tmp:
             db = args.db or str(Path(tmp) / "bench.db")
-            result = explore(workload, size, trials=args.trials, seed=args.seed, db=db,
+            batch = {"batch": args.batch} if args.batch else {}
+            result = explore(workload, size, trials=args.trials, seed=args.seed, db=db, **batch,
                              cost_model=args.cost_model, settings=Settings(threads=1),
                              progress=lambda event, data: print(
                                  f"  {name}: {event} {data}", file=sys.stderr, flush=True))

@@ -45,7 +45,7 @@ from typing import Any
 
 CONFIG_KEYS = {"trials": int, "seconds": (int, float), "seed": int, "batch": int,
                "threads": int, "repeats": int, "rules": str, "cost_model": str}
-DEFAULTS = {"trials": 64, "seconds": None, "seed": 0, "batch": 8, "threads": None,
+DEFAULTS = {"trials": 64, "seconds": None, "seed": 0, "batch": 16, "threads": None,
             "repeats": 10, "rules": None, "cost_model": "learned"}
 
 

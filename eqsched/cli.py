@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="a registered cost model: learned (default), analytic, random")
     exp.add_argument("--rules", help="rule names or +name/-name edits of the default set")
     exp.add_argument("--limits", help="saturation limits, like iterations=20,seconds=10")
-    exp.add_argument("--batch", type=int, default=8, help="candidates per round (default 8)")
+    exp.add_argument("--batch", type=int, default=16, help="candidates per round (default 16)")
     exp.add_argument("--jobs", type=int, default=1,
                      help="measure this many candidates at once (default 1: timings are "
                           "cleanest one at a time)")

@@ -141,7 +141,7 @@ Progress = Callable[[str, dict[str, Any]], None]
 def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int = 64,
             seconds: float | None = None, db: str | Path | Database = DEFAULT_DB, seed: int = 0,
             cost_model: Any = "learned", rules: Any = None, limits: Limits | None = None,
-            batch: int = 8, jobs: int = 1, settings: Settings | None = None,
+            batch: int = 16, jobs: int = 1, settings: Settings | None = None,
             measure_naive: bool = True, progress: Progress | None = None) -> ExploreResult:
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for
     `trials` candidates and/or `seconds` of wall time; see the module docstring."""

@@ -47,7 +47,7 @@ cost_model = ["analytic", "random"]
 seed = [0, 1]
 """)
     assert len(s.jobs) == 2 * 2 * 2
-    assert s.jobs[0].key == "matmul/8x8x8 batch=8 cost_model=analytic repeats=10 seed=0 trials=4"
+    assert s.jobs[0].key == "matmul/8x8x8 batch=16 cost_model=analytic repeats=10 seed=0 trials=4"
     assert [j.size for j in s.jobs[4:]] == [(16, 24, 8)] * 4
 
 
