@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", choices=sorted(CASES), help="cases to run (default all)")
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=None, help="candidates per round (explore's default)")
+    ap.add_argument("--batch", type=int, help="candidates per round (default: explore's)")
     ap.add_argument("--cost-model", default="learned")
     ap.add_argument("--db", help="database to use (default: a fresh one per case)")
     ap.add_argument("--repeats", type=int, default=20, help="side-by-side timing runs")
