@@ -166,7 +166,7 @@ class EvolutionarySearch:
         """The concrete program (memoized), or None if the primitives cannot build it. It is not
         verified (legal, and encoding back to the term): ranking does not need that, and
         `propose` verifies what it returns."""
-        key = (term, tuple(sorted(sizes.items())))
+        key = _program_key(term, sizes)
         if key in self._programs:
             self._programs.move_to_end(key)
             return self._programs[key]
@@ -254,14 +254,24 @@ class EvolutionarySearch:
         self._kept = [c for c, _ in ranked[: self.survivors]]
         fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
         n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
-        chosen: list[tuple[Candidate, float]] = []
-        while fresh and len(chosen) < k - n_random:
-            cand, score = fresh.pop(0)
-            if self._verified(cand):
-                chosen.append((cand, score))
-        picks = self.rng.sample(fresh, len(fresh))
-        chosen += [cs for cs in picks if self._verified(cs[0])][:k - len(chosen)]
+        chosen, used = self._verified_prefix(fresh, k - n_random)
+        rest = fresh[used:]
+        chosen += self._verified_prefix(self.rng.sample(rest, len(rest)), k - len(chosen))[0]
         return chosen
+
+    def _verified_prefix(self, ranked: list[tuple[Candidate, float]], n: int
+                         ) -> tuple[list[tuple[Candidate, float]], int]:
+        """The first `n` verified entries of `ranked`, and how many entries that took (only
+        those are verified: a round ranks hundreds and proposes a few)."""
+        out: list[tuple[Candidate, float]] = []
+        used = 0
+        for entry in ranked:
+            if len(out) >= n:
+                break
+            used += 1
+            if self._verified(entry[0]):
+                out.append(entry)
+        return out, used
 
     def _verified(self, cand: Candidate) -> bool:
         """Is the unverified realization (see `program_of`) legal and the term's own? A
@@ -271,7 +281,7 @@ class EvolutionarySearch:
         try:
             verify(cand.term, cand.sizes, cand.program, self.space.facts)
         except DeriveError:
-            self._programs[(cand.term, tuple(sorted(cand.sizes.items())))] = None
+            self._programs[_program_key(cand.term, cand.sizes)] = None
             self._kept = [c for c in self._kept if c is not cand]
             return False
         self._verified_hashes.add(cand.hash)
@@ -287,6 +297,10 @@ class EvolutionarySearch:
             known.update(zip([c.hash for c in new],
                              map(float, self.model.predict([c.program for c in new]))))
         return sorted(((c, known[c.hash]) for c in cands), key=lambda cs: (cs[1], cs[0].hash))
+
+
+def _program_key(term: Term, sizes: Sizes) -> tuple:
+    return term, tuple(sorted(sizes.items()))
 
 
 def _top_score(ranked: list[tuple[Candidate, float]], k: int) -> float:

@@ -190,7 +190,6 @@ class Space:
         self._parse()
         self._index_constraints()
         # Tables per node, per slot before and after settling groups, and what unranking needs.
-        self._slot_nodes_cache: dict[Slot, tuple[_Node, ...]] = {}
         self._node_tables: dict[int, Table] = {}
         self._raw_tables: dict[Slot, Table] = {}
         self._tables: dict[Slot, Table] = {}
@@ -205,6 +204,7 @@ class Space:
         self._match_root = cache(self._match_root)
         self._match_body = cache(self._match_body)
         self._match_stmt = cache(self._match_stmt)
+        self._slot_nodes = cache(self._slot_nodes)  # asked at every step of walks and unranking
 
     # ---- reading the serialized e-graph ----------------------------------------------------
 
@@ -350,11 +350,7 @@ class Space:
         return key
 
     def _slot_nodes(self, slot: Slot) -> tuple[_Node, ...]:
-        out = self._slot_nodes_cache.get(slot)
-        if out is None:  # asked for at every step of every walk and unranking
-            out = tuple(n for n in self._nodes[slot[0]] if _allowed(n.op, slot[1]))
-            self._slot_nodes_cache[slot] = out
-        return out
+        return tuple(n for n in self._nodes[slot[0]] if _allowed(n.op, slot[1]))
 
     def _along(self, group: str, values: list[int]) -> np.ndarray:
         """`values` as an array varying along the group's axis only."""
