@@ -399,7 +399,8 @@ def _sample(workload: str, size: list[int], term: Any, sizes: Any, prog: Program
     else:
         m = measure(prog, repeats=settings.repeats, warmup=settings.warmup,
                     timeout_s=settings.timeout_s, seed=settings.input_seed,
-                    time_budget_s=settings.time_budget_s, options=settings.options())
+                    time_budget_s=settings.time_budget_s, min_repeats=settings.min_repeats,
+                    options=settings.options())
     record = Record(
         workload=workload, size=size, program_hash=key, structure=show(term),
         sizes={f"{g}|{p}": e for (g, p), e in sizes.items()}, trace=trace, times=m.times,

@@ -47,7 +47,8 @@ class Settings:
 
     repeats: int = 10
     warmup: int = 1
-    time_budget_s: float = 0.3  # per candidate: a slow one gets a single timed run
+    time_budget_s: float = 0.3  # per candidate: a slow one gets min_repeats timed runs
+    min_repeats: int = 3  # one run on a shared machine can be 30% off (mm_exp_mm: 60-90 GFLOPS)
     timeout_s: float = 120.0  # per candidate: compile, check and timing together
     input_seed: int = 0
     threads: int | None = None  # for parallel loops; None: every core (1: a one-core result)
@@ -200,7 +201,8 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         else:
             m = measure(cand.program, repeats=settings.repeats, warmup=settings.warmup,
                         timeout_s=settings.timeout_s, seed=settings.input_seed,
-                        time_budget_s=settings.time_budget_s, worker=worker,
+                        time_budget_s=settings.time_budget_s, min_repeats=settings.min_repeats,
+                        worker=worker,
                         options=settings.options())
         record = Record(
             workload=wl.name, size=list(size), program_hash=key, structure=show(cand.term),

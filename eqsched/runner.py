@@ -63,6 +63,7 @@ class _Job:
     seed: int
     check: bool
     time_budget_s: float | None = None
+    min_repeats: int = 1
 
 
 class _WorkerLost(Exception):
@@ -107,7 +108,8 @@ def _run(job: _Job) -> Measurement:
         if not ok:
             return result
     # A slow candidate should not eat the exploration's budget: past `time_budget_s` of warmup
-    # and timing, stop (keeping at least one timed run).
+    # and timing, stop (keeping at least `min_repeats` timed runs: one run of a noisy machine
+    # can be 30% off, and the search would chase it).
     spent, budget = 0.0, job.time_budget_s if job.time_budget_s is not None else math.inf
     for _ in range(job.warmup):
         if spent > budget:
@@ -116,7 +118,7 @@ def _run(job: _Job) -> Measurement:
         kernel(*run)
         spent += time.perf_counter() - start
     for _ in range(job.repeats):
-        if result.times and spent > budget:
+        if len(result.times) >= job.min_repeats and spent > budget:
             break
         start = time.perf_counter()
         kernel(*run)
@@ -226,20 +228,23 @@ def measure(
     check: bool = True,
     options: CompileOptions | None = None,
     time_budget_s: float | None = None,
+    min_repeats: int = 1,
     worker: int = 0,
 ) -> Measurement:
     """Compile `prog`, check it against the reference (before any timing), time `repeats` calls.
 
     Runs in persistent worker process number `worker` (callers measuring from several threads
     use one number each); `timeout_s` bounds the whole job (compile, reference, check, timing).
-    Warmup and timing stop early once they have taken `time_budget_s` (at least one call is
-    timed). Never raises for a bad program: failures come back as `error`.
+    Warmup and timing stop early once they have taken `time_budget_s`, but not before
+    min(`min_repeats`, `repeats`) calls are timed. Never raises for a bad program: failures
+    come back as `error`.
     """
-    if repeats < 0 or warmup < 0:
-        raise ValueError(f"repeats and warmup must be >= 0, got {repeats} and {warmup}")
-    job = _Job(prog, options, repeats, warmup, seed, check, time_budget_s)
+    if repeats < 0 or warmup < 0 or min_repeats < 1:
+        raise ValueError(f"repeats and warmup must be >= 0 and min_repeats >= 1, got {repeats}, "
+                         f"{warmup} and {min_repeats}")
+    job = _Job(prog, options, repeats, warmup, seed, check, time_budget_s, min_repeats)
     settings = {"repeats": repeats, "warmup": warmup, "seed": seed, "timeout_s": timeout_s,
-                "time_budget_s": time_budget_s}
+                "time_budget_s": time_budget_s, "min_repeats": min_repeats}
     with _pool_lock:
         lock = _locks[worker]
     with lock:

@@ -32,7 +32,7 @@ def test_a_correct_program_is_checked_then_timed(matmul):
     assert m.gflops == pytest.approx(2 * 16 * 24 * 8 / m.median_s / 1e9)
     assert m.info["backend"]["cpu_name"] and m.info["machine"]["peak_gflops_per_core"] > 0
     assert m.info["settings"] == {"repeats": 4, "warmup": 1, "seed": 0, "timeout_s": 120.0,
-                                  "time_budget_s": None}
+                                  "time_budget_s": None, "min_repeats": 1}
     assert m.info["program_hash"] == matmul.hash()
     assert isinstance(m.to_json()["times"], list)
 
@@ -89,6 +89,13 @@ def test_negative_repeats_are_a_caller_error(matmul):
 def test_a_time_budget_stops_timing_after_one_run(matmul):
     m = measure(matmul, repeats=50, warmup=5, time_budget_s=0.0)
     assert m.correct is True and len(m.times) == 1
+
+
+def test_a_time_budget_still_times_min_repeats_runs(matmul):
+    assert len(measure(matmul, repeats=50, time_budget_s=0.0, min_repeats=3).times) == 3
+    assert len(measure(matmul, repeats=2, time_budget_s=0.0, min_repeats=3).times) == 2
+    with pytest.raises(ValueError, match="min_repeats"):
+        measure(matmul, min_repeats=0)
 
 
 def test_workers_measure_from_several_threads():
