@@ -37,8 +37,7 @@ level; the loop just outside it reuses lines between consecutive iterations, loo
 bring everything again. A working set up to twice a level's share is blended between the two
 cases (LRU keeps part of it); a program whose whole footprint fits a level stays warm between
 calls. Lines at a power-of-two stride crowd into few L1 sets; lines fetched a part at a time,
-1 KiB or more apart (a column walk), cost STRIDED_FILL times more: no prefetcher follows them;
-whole lines a page or more apart (a panel of a wide row-major matrix) cost PAGE_FILL times more.
+1 KiB or more apart (a column walk), cost STRIDED_FILL times more: no prefetcher follows them.
 A parallel root loop divides its nest among `threads` cores.
 
 The numbers (Zen 4, measured on this machine where noted): 1 zmm FMA per cycle and latency 4
@@ -81,10 +80,6 @@ GATHER_ALU = 2  # per gathered vector, besides one load unit per lane
 IRREGULAR_INDEX_OPS = 10  # scalar integer ops per lane of an index that is not affine
 L1_SETS, L1_WAYS = 64, 8
 STRIDED_FILL, STRIDED_BYTES = 6.0, 1024  # jumps of this size per step defeat the prefetchers
-# Whole lines, but a page or more apart per step (an unpacked B panel at 1024 columns): measured
-# 94 GFLOPS against 101 for the same tile packed; it took a good 1024^3 matmul's rank from -0.07
-# to 0.69 on an exploration's 64 measurements.
-PAGE_FILL, PAGE_BYTES = 2.0, 4096
 PARALLEL_CALL_SECONDS = 5e-6
 SOFT_MAX_POWER = 4
 CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks thousands)
@@ -120,7 +115,7 @@ class _Footprint:
     access: _Access
     lines: tuple[float, ...]
     l1_pressure: tuple[float, ...]
-    fill_cost: float  # STRIDED_FILL or PAGE_FILL when the access strides through memory, else 1
+    fill_cost: float  # STRIDED_FILL when the access strides through memory, else 1
 
 
 @dataclass(frozen=True)
@@ -500,16 +495,14 @@ class _BlockCoster:
             else:
                 lines[d], pressure[d] = lines[d + 1], pressure[d + 1]
         serial = [d for d in strides if _is_serial(self.loops[d])]
-        cost = 1.0
+        strided = False
         if serial and abs(strides[max(serial)]) * 4 >= STRIDED_BYTES:
             # Part of a line per visit: the prefetchers see no stream, each line is a miss.
             run = 1 + sum(abs(c) * (self.loops[d].extent - 1) for d, c in strides.items()
                           if d > max(serial) and abs(c) <= LINE_ELEMS)
-            if run < LINE_ELEMS:
-                cost = STRIDED_FILL
-            elif abs(strides[max(serial)]) * 4 >= PAGE_BYTES:
-                cost = PAGE_FILL
-        return _Footprint(access, tuple(lines), tuple(pressure), cost)
+            strided = run < LINE_ELEMS
+        return _Footprint(access, tuple(lines), tuple(pressure),
+                          STRIDED_FILL if strided else 1.0)
 
 
 def _loads(e: Expr) -> list[Load]:
