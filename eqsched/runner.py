@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -66,6 +67,9 @@ class _Job:
     min_repeats: int = 1
 
 
+_TIMING = "timing"  # the worker's note that it starts timing (the result follows)
+
+
 class _WorkerLost(Exception):
     """The worker died or timed out; the message says which."""
 
@@ -92,7 +96,7 @@ def _inputs_and_reference(prog: Program, seed: int, check: bool) -> tuple[dict, 
     return inputs, expected
 
 
-def _run(job: _Job) -> Measurement:
+def _run(job: _Job, timing: Callable[[], None] = lambda: None) -> Measurement:
     prog = job.program
     kernel = compile_program(prog, job.options)
     info: dict[str, Any] = {"backend": kernel.info, "machine": machine.describe()}
@@ -111,6 +115,7 @@ def _run(job: _Job) -> Measurement:
     # and timing, stop (keeping at least `min_repeats` timed runs: one run of a noisy machine
     # can be 30% off, and the search would chase it).
     spent, budget = 0.0, job.time_budget_s if job.time_budget_s is not None else math.inf
+    timing()  # before the warmup, which gives the caller time to quiet down
     for _ in range(job.warmup):
         if spent > budget:
             break
@@ -138,7 +143,7 @@ def _serve(requests: Connection, replies: Connection) -> None:
         except EOFError:
             return
         try:
-            result = _run(job)
+            result = _run(job, lambda: replies.send(_TIMING))
         except Exception as err:  # every failure of one job is that job's result
             last = traceback.extract_tb(err.__traceback__)[-1]
             where = f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"
@@ -176,13 +181,22 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def ask(self, job: _Job, timeout_s: float) -> Measurement:
+    def ask(self, job: _Job, timeout_s: float,
+            on_timing: Callable[[bool], None] | None = None) -> Measurement:
+        deadline = time.monotonic() + timeout_s
+        timing = False
         try:
             self.send.send(job)
-            if not self.recv.poll(timeout_s):
-                self.stop()
-                raise _WorkerLost(f"timed out after {timeout_s:g} s (worker killed)")
-            return self.recv.recv()
+            while True:
+                if not self.recv.poll(max(0.0, deadline - time.monotonic())):
+                    self.stop()
+                    raise _WorkerLost(f"timed out after {timeout_s:g} s (worker killed)")
+                reply = self.recv.recv()
+                if isinstance(reply, Measurement):
+                    return reply
+                timing = True
+                if on_timing is not None:
+                    on_timing(True)
         except KeyboardInterrupt:
             self.stop()  # its reply to this job would answer the next one
             raise
@@ -193,6 +207,9 @@ class _Worker:
                 code = None
             self.stop()
             raise _WorkerLost(f"worker process died: {_exit_reason(code)}") from None
+        finally:
+            if timing and on_timing is not None:
+                on_timing(False)
 
     def stop(self) -> None:
         if self.alive():
@@ -230,14 +247,17 @@ def measure(
     time_budget_s: float | None = None,
     min_repeats: int = 1,
     worker: int = 0,
+    on_timing: Callable[[bool], None] | None = None,
 ) -> Measurement:
     """Compile `prog`, check it against the reference (before any timing), time `repeats` calls.
 
     Runs in persistent worker process number `worker` (callers measuring from several threads
     use one number each); `timeout_s` bounds the whole job (compile, reference, check, timing).
     Warmup and timing stop early once they have taken `time_budget_s`, but not before
-    min(`min_repeats`, `repeats`) calls are timed. Never raises for a bad program: failures
-    come back as `error`.
+    min(`min_repeats`, `repeats`) calls are timed. `on_timing(True)` is called when the worker
+    starts warming up to time (after compiling and checking) and `on_timing(False)` when it is
+    done, so a caller can keep its own work off the machine meanwhile. Never raises for a bad
+    program: failures come back as `error`.
     """
     if repeats < 0 or warmup < 0 or min_repeats < 1:
         raise ValueError(f"repeats and warmup must be >= 0 and min_repeats >= 1, got {repeats}, "
@@ -252,7 +272,7 @@ def measure(
         if current is None or not current.alive():
             current = _workers[worker] = _Worker()
         try:
-            result = current.ask(job, timeout_s)
+            result = current.ask(job, timeout_s, on_timing)
         except _WorkerLost as lost:
             del _workers[worker]
             result = Measurement(correct=False, error=str(lost))

@@ -98,6 +98,16 @@ def test_a_time_budget_still_times_min_repeats_runs(matmul):
         measure(matmul, min_repeats=0)
 
 
+def test_the_caller_hears_when_timing_starts_and_ends(matmul):
+    heard = []
+    m = measure(matmul, repeats=2, on_timing=heard.append)
+    assert m.correct is True and heard == [True, False]
+    heard.clear()
+    wrong = _edit_block(matmul, "C.init", value=Const(1.0, "float32"))
+    assert measure(wrong, repeats=2, on_timing=heard.append).correct is False
+    assert heard == []  # a wrong program is not timed
+
+
 def test_workers_measure_from_several_threads():
     from concurrent.futures import ThreadPoolExecutor
 

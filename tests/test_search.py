@@ -78,6 +78,18 @@ def test_the_same_seed_proposes_the_same_programs(space):
     assert run(7) == run(7)
 
 
+def test_the_search_takes_turns_and_proposes_the_same_programs(space):
+    turns = []
+
+    def run(wait_turn):
+        search = EvolutionarySearch(space, FewestScalarIterations(), seed=5, population=16,
+                                    generations=2, wait_turn=wait_turn)
+        return [c.hash for c, _ in search.propose(4)]
+
+    assert run(lambda: turns.append(1)) == run(None)
+    assert len(turns) > 16  # at least once per realization and per batch of predictions
+
+
 class Renumbered:
     """The same saturation with its e-classes numbered the other way round: egglog numbers
     classes differently from one process to the next."""
