@@ -18,10 +18,11 @@ is what the search chooses from: a prior can rank a whole run well because it te
 round's slow programs from the rest, and still tie or misorder the best family (mm_exp_mm: 64
 measurements, prior 0.79 overall but 0.40 on the faster half, the fit 0.74 and 0.48).
 
-Why a check at all (measured with the earlier check, on all programs): on random programs of six workloads (held-out Spearman, 8-64 measured), the
-analytic prior ranks 0.77-0.94 and an unchecked fit lowered that by up to 0.04 within a workload
-and 0.13 across workloads, while the checked model stays within 0.01 of the prior. Against a
-weak prior (iteration counts, 0.11-0.76) the fit raises it to 0.53-0.79 from 32 samples.
+Why a check at all (measured with the earlier check, on all programs): on random programs of
+six workloads (held-out Spearman, 8-64 measured), the analytic prior ranks 0.77-0.94 and an
+unchecked fit lowered that by up to 0.04 within a workload and 0.13 across workloads, while the
+checked model stays within 0.01 of the prior. Against a weak prior (iteration counts, 0.11-0.76)
+the fit raises it to 0.53-0.79 from 32 samples.
 
     model = LearnedModel(prior=MyPrior())         # or prior="analytic", a registered name
     model.predict(programs)                       # seconds; the prior's while data is scarce
