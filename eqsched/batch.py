@@ -271,6 +271,10 @@ def _run_local(jobs: list[Job], db_path: str, workers: int, say: Progress) -> tu
                 for f in finished:
                     rows[futures[f]] = f.result()
                     say("job", rows[futures[f]])
+                    if rows[futures[f]]["status"] == "interrupted":
+                        # Ctrl-C reached the job but not this process (the signal went to
+                        # another of its threads): stop all the same.
+                        raise KeyboardInterrupt
         except KeyboardInterrupt:
             interrupted = True
             stop.set()
