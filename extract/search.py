@@ -14,7 +14,10 @@ random walks; it mutates the best (re-pick one slot, re-size one group, or nudge
 two between two pieces of a group), keeps the best distinct programs, and returns the top `k` the
 caller has not measured, with a few random picks mixed in so a wrong model still sees new ground.
 A round evolves for `generations` generations, and on (up to `max_generations`) while the
-predicted top `k` still gains: large spaces (fused chains) need many more than small ones.
+predicted top `k` still gains: large spaces (fused chains) need many more than small ones. The
+first round, with no elites or survivors to start from, evolves `first_islands` populations
+from separate draws and merges them (an island model): one population often converges on a
+poor sketch of a chain.
 
 `wait_turn`, if given, is called between small units of work (one realization, one batch of
 predictions) and may block: explore stops the search that way while a candidate is timed on
@@ -90,7 +93,8 @@ class EvolutionarySearch:
     def __init__(self, space: Space, model: CostModel, *, seed: int = 0, population: int = 192,
                  generations: int = 5, max_generations: int = 20, survivors: int = 48,
                  random_fraction: float = 0.125, max_attempts: int = 50,
-                 max_unrolled: int = MAX_UNROLLED, wait_turn: Callable[[], object] | None = None):
+                 max_unrolled: int = MAX_UNROLLED, first_islands: int = 3,
+                 wait_turn: Callable[[], object] | None = None):
         self.space, self.model = space, model
         self.wait_turn = wait_turn or (lambda: None)
         self.rng = random.Random(seed)
@@ -98,6 +102,7 @@ class EvolutionarySearch:
         self.max_generations = max(generations, max_generations)
         self.survivors, self.random_fraction = survivors, random_fraction
         self.max_attempts, self.max_unrolled = max_attempts, max_unrolled
+        self.first_islands = first_islands
         self._total: int | None = None  # the space's program count, on first need
         self._kept: list[Candidate] = []  # the last round's best, re-scored next round
         # realize() is the expensive part; bounded, since a long run builds tens of thousands.
@@ -232,6 +237,27 @@ class EvolutionarySearch:
         """Up to `k` (candidate, predicted seconds) the caller has not measured (`exclude`),
         best predicted first, with about `random_fraction` of them random picks."""
         excluded = set(exclude)
+        seeds = [*elites, *self._kept]
+        known: dict[str, float] = {}  # the model does not change within a round
+        merged: dict[str, tuple[Candidate, float]] = {}
+        # With nothing measured or kept yet, one population often settles on a poor sketch
+        # (mm_exp_mm, seeds 0-5: best predicted 69, 9, 63, 61, 25, 4 GFLOPS): evolve several.
+        for _ in range(1 if seeds else self.first_islands):
+            for cand, score in self._evolve(seeds, k, known):
+                merged.setdefault(cand.hash, (cand, score))
+        ranked = sorted(merged.values(), key=lambda cs: (cs[1], cs[0].hash))
+        self._kept = [c for c, _ in ranked[: self.survivors]]
+        fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
+        n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
+        chosen, used = self._verified_prefix(fresh, k - n_random)
+        rest = fresh[used:]
+        chosen += self._verified_prefix(self.rng.sample(rest, len(rest)), k - len(chosen))[0]
+        return chosen
+
+    def _evolve(self, seeds: list[Candidate], k: int, known: dict[str, float]
+                ) -> list[tuple[Candidate, float]]:
+        """One population: `seeds` and fresh draws, evolved while its predicted top `k` gains;
+        ranked best first."""
         pool: dict[str, Candidate] = {}
 
         def add(cands: Iterable[Candidate | None]) -> None:
@@ -239,14 +265,12 @@ class EvolutionarySearch:
                 if c is not None and c.hash not in pool:
                     pool[c.hash] = c
 
-        add(elites)
-        add(self._kept)
+        add(seeds)
         while len(pool) < self.population:
             fresh = self.random_candidate()
             if fresh is None:
                 break
             add([fresh])
-        known: dict[str, float] = {}  # the model does not change within a round
         ranked = self.rank(list(pool.values()), known)
         stale = 0
         for generation in range(self.max_generations):
@@ -258,13 +282,7 @@ class EvolutionarySearch:
             ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in ranked[: self.population]}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0
-        self._kept = [c for c, _ in ranked[: self.survivors]]
-        fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
-        n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
-        chosen, used = self._verified_prefix(fresh, k - n_random)
-        rest = fresh[used:]
-        chosen += self._verified_prefix(self.rng.sample(rest, len(rest)), k - len(chosen))[0]
-        return chosen
+        return ranked
 
     def _verified_prefix(self, ranked: list[tuple[Candidate, float]], n: int
                          ) -> tuple[list[tuple[Candidate, float]], int]:

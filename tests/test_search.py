@@ -169,13 +169,23 @@ class CountingRanks(CostModel):
 def test_a_round_stops_evolving_when_the_predicted_top_stops_gaining(space):
     flat = CountingRanks(lambda prog: 1.0)  # nothing ever gains
     EvolutionarySearch(space, flat, seed=0, population=12, generations=3,
-                       max_generations=20).propose(4)
+                       max_generations=20, first_islands=1).propose(4)
     assert flat.calls == 1 + 3  # the first pool, then `generations` generations only
+
+
+def test_the_first_round_evolves_several_populations_and_later_rounds_one(space):
+    flat = CountingRanks(lambda prog: 1.0)
+    search = EvolutionarySearch(space, flat, seed=0, population=12, generations=3,
+                                max_generations=20, survivors=4, first_islands=3)
+    search.propose(4)
+    assert flat.calls == 3 * (1 + 3)
+    search.propose(4)  # starts from the survivors
+    assert flat.calls == 3 * (1 + 3) + (1 + 3)
 
 
 def test_a_round_evolves_past_its_generations_while_the_top_gains(space):
     # Every program scores by its text's hash: mutants keep finding lower scores for a while.
     gaining = CountingRanks(lambda prog: int(prog.hash()[:8], 16))
     EvolutionarySearch(space, gaining, seed=0, population=12, generations=1,
-                       max_generations=6).propose(4)
+                       max_generations=6, first_islands=1).propose(4)
     assert 1 + 1 < gaining.calls <= 1 + 6
