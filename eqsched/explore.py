@@ -190,7 +190,10 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             timing_now[0] += 1 if started else -1
             (quiet.clear if timing_now[0] else quiet.set)()
 
-    search = EvolutionarySearch(space, model, seed=seed, wait_turn=quiet.wait)
+    # A first-round population predicted at half the peak or better is kept without more islands.
+    peak_flops = facts["peak_gflops_per_core"] * 1e9 * settings.options().thread_count
+    search = EvolutionarySearch(space, model, seed=seed, wait_turn=quiet.wait,
+                                settled_s=naive.computation.flops / (0.5 * peak_flops))
     measured: set[str] = set()
     elites: list = []  # measured correct candidates, fastest first
     times_of: dict[str, float] = {}

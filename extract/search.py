@@ -15,9 +15,11 @@ two between two pieces of a group), keeps the best distinct programs, and return
 caller has not measured, with a few random picks mixed in so a wrong model still sees new ground.
 A round evolves for `generations` generations, and on (up to `max_generations`) while the
 predicted top `k` still gains: large spaces (fused chains) need many more than small ones. The
-first round, with no elites or survivors to start from, evolves `first_islands` populations
-from separate draws and merges them (an island model): one population often converges on a
-poor sketch of a chain.
+first round, with no elites or survivors to start from, evolves up to `first_islands`
+populations from separate draws and merges them (an island model): one population often
+converges on a poor sketch of a chain. It stops adding populations once the best is predicted
+to take at most `settled_s` (explore: half the cores' peak FLOP rate; by default every island
+runs).
 
 `wait_turn`, if given, is called between small units of work (one realization, one batch of
 predictions) and may block: explore stops the search that way while a candidate is timed on
@@ -94,7 +96,7 @@ class EvolutionarySearch:
                  generations: int = 5, max_generations: int = 20, survivors: int = 48,
                  random_fraction: float = 0.125, max_attempts: int = 50,
                  max_unrolled: int = MAX_UNROLLED, first_islands: int = 3,
-                 wait_turn: Callable[[], object] | None = None):
+                 settled_s: float = 0.0, wait_turn: Callable[[], object] | None = None):
         self.space, self.model = space, model
         self.wait_turn = wait_turn or (lambda: None)
         self.rng = random.Random(seed)
@@ -102,7 +104,7 @@ class EvolutionarySearch:
         self.max_generations = max(generations, max_generations)
         self.survivors, self.random_fraction = survivors, random_fraction
         self.max_attempts, self.max_unrolled = max_attempts, max_unrolled
-        self.first_islands = first_islands
+        self.first_islands, self.settled_s = first_islands, settled_s
         self._total: int | None = None  # the space's program count, on first need
         self._kept: list[Candidate] = []  # the last round's best, re-scored next round
         # realize() is the expensive part; bounded, since a long run builds tens of thousands.
@@ -241,10 +243,13 @@ class EvolutionarySearch:
         known: dict[str, float] = {}  # the model does not change within a round
         merged: dict[str, tuple[Candidate, float]] = {}
         # With nothing measured or kept yet, one population often settles on a poor sketch
-        # (mm_exp_mm, seeds 0-5: best predicted 69, 9, 63, 61, 25, 4 GFLOPS): evolve several.
+        # (mm_exp_mm, seeds 0-5: best predicted 69, 9, 63, 61, 25, 4 GFLOPS): evolve more
+        # while the best is predicted slower than `settled_s`.
         for _ in range(1 if seeds else self.first_islands):
             for cand, score in self._evolve(seeds, k, known):
                 merged.setdefault(cand.hash, (cand, score))
+            if min(score for _, score in merged.values()) <= self.settled_s:
+                break
         ranked = sorted(merged.values(), key=lambda cs: (cs[1], cs[0].hash))
         self._kept = [c for c, _ in ranked[: self.survivors]]
         fresh = [(c, s) for c, s in ranked if c.hash not in excluded]

@@ -183,6 +183,13 @@ def test_the_first_round_evolves_several_populations_and_later_rounds_one(space)
     assert flat.calls == 3 * (1 + 3) + (1 + 3)
 
 
+def test_no_more_islands_once_the_best_is_predicted_fast_enough(space):
+    flat = CountingRanks(lambda prog: 1.0)
+    EvolutionarySearch(space, flat, seed=0, population=12, generations=3, max_generations=20,
+                       first_islands=3, settled_s=1.0).propose(4)
+    assert flat.calls == 1 + 3  # the first island's best (1 s) is already settled
+
+
 def test_a_round_evolves_past_its_generations_while_the_top_gains(space):
     # Every program scores by its text's hash: mutants keep finding lower scores for a while.
     gaining = CountingRanks(lambda prog: int(prog.hash()[:8], 16))
