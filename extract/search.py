@@ -18,7 +18,7 @@ predicted top `k` still gains: large spaces (fused chains) need many more than s
 first round, with no elites or survivors to start from, evolves up to `first_islands`
 populations from separate draws and merges them (an island model): one population often
 converges on a poor sketch of a chain. It stops adding populations once the best is predicted
-to take at most `settled_s` (explore: half the cores' peak FLOP rate; by default every island
+to take at most `settled_s` (explore: half of one core's peak FLOP rate; by default every island
 runs).
 
 `wait_turn`, if given, is called between small units of work (one realization, one batch of
