@@ -272,8 +272,8 @@ def _run_local(jobs: list[Job], db_path: str, workers: int, say: Progress) -> tu
                     rows[futures[f]] = f.result()
                     say("job", rows[futures[f]])
                     if rows[futures[f]]["status"] == "interrupted":
-                        # Ctrl-C reached the job but not this process (the signal went to
-                        # another of its threads): stop all the same.
+                        # Ctrl-C reached the job, but this process did not raise
+                        # KeyboardInterrupt (seen once in CI): stop all the same.
                         raise KeyboardInterrupt
         except KeyboardInterrupt:
             interrupted = True

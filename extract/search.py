@@ -248,7 +248,7 @@ class EvolutionarySearch:
         for _ in range(1 if seeds else self.first_islands):
             for cand, score in self._evolve(seeds, k, known):
                 merged.setdefault(cand.hash, (cand, score))
-            if min(score for _, score in merged.values()) <= self.settled_s:
+            if min((score for _, score in merged.values()), default=math.inf) <= self.settled_s:
                 break
         ranked = sorted(merged.values(), key=lambda cs: (cs[1], cs[0].hash))
         self._kept = [c for c, _ in ranked[: self.survivors]]

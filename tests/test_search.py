@@ -196,3 +196,9 @@ def test_a_round_evolves_past_its_generations_while_the_top_gains(space):
     EvolutionarySearch(space, gaining, seed=0, population=12, generations=1,
                        max_generations=6, first_islands=1).propose(4)
     assert 1 + 1 < gaining.calls <= 1 + 6
+
+
+def test_a_space_with_nothing_buildable_proposes_nothing(space):
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=0, population=4,
+                                max_attempts=2, max_unrolled=0)
+    assert search.propose(3) == []
