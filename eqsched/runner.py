@@ -96,7 +96,7 @@ def _inputs_and_reference(prog: Program, seed: int, check: bool) -> tuple[dict, 
     return inputs, expected
 
 
-def _run(job: _Job, timing: Callable[[], None] = lambda: None) -> Measurement:
+def _run(job: _Job, timing: Callable[[], None]) -> Measurement:
     prog = job.program
     kernel = compile_program(prog, job.options)
     info: dict[str, Any] = {"backend": kernel.info, "machine": machine.describe()}

@@ -241,16 +241,16 @@ class EvolutionarySearch:
         excluded = set(exclude)
         seeds = [*elites, *self._kept]
         known: dict[str, float] = {}  # the model does not change within a round
-        merged: dict[str, tuple[Candidate, float]] = {}
+        merged: dict[str, Candidate] = {}
         # With nothing measured or kept yet, one population often settles on a poor sketch
         # (mm_exp_mm, seeds 0-5: best predicted 69, 9, 63, 61, 25, 4 GFLOPS): evolve more
         # while the best is predicted slower than `settled_s`.
         for _ in range(1 if seeds else self.first_islands):
-            for cand, score in self._evolve(seeds, k, known):
-                merged.setdefault(cand.hash, (cand, score))
-            if min((score for _, score in merged.values()), default=math.inf) <= self.settled_s:
+            for cand, _ in self._evolve(seeds, k, known):
+                merged.setdefault(cand.hash, cand)
+            if min((known[h] for h in merged), default=math.inf) <= self.settled_s:
                 break
-        ranked = sorted(merged.values(), key=lambda cs: (cs[1], cs[0].hash))
+        ranked = self.rank(list(merged.values()), known)  # predicted already: only sorts
         self._kept = [c for c, _ in ranked[: self.survivors]]
         fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
         n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
