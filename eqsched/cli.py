@@ -303,7 +303,7 @@ def _sample_rows(space: Any, n: int, seed: int) -> list[dict[str, Any]]:
 def _cmd_space(args: argparse.Namespace) -> int:
     # The rule modules load only for this command.
     from .egraph.saturate import saturate
-    from .rules import RuleError
+    from .rules import RuleError, resolve
 
     if args.sample < 0:
         raise CliError(f"--sample must be >= 0, got {args.sample}")
@@ -313,9 +313,10 @@ def _cmd_space(args: argparse.Namespace) -> int:
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     limits = parse_limits(args.limits)
     try:
-        sat = saturate(naive, rules, limits)
+        rules = resolve(rules)
     except RuleError as err:
         raise CliError(str(err)) from None
+    sat = saturate(naive, rules, limits)
     started = time.perf_counter()
     space = Space(sat)
     programs, structures = space.count(), space.count_structures()

@@ -157,7 +157,9 @@ def compare_spaces(workload: str, size: Sequence[int] | None, rules_a: Any, rule
 
 
 def _space(naive: Program, rules: Any, limits: Limits | None) -> tuple[Space, SpaceStats]:
-    sat = saturate(naive, rules, limits)
+    from .rules import resolve
+
+    sat = saturate(naive, resolve(rules), limits)
     space = Space(sat)
     rep = sat.report
     label = "default" if rules is None else rules if isinstance(rules, str) else ",".join(
@@ -339,6 +341,7 @@ def measure_distribution(workload: str, size: Sequence[int] | None = None, rules
     distribution. With `db`, stored measurements are used and new ones stored at once (so an
     interrupted call keeps them). `settings` default to Settings(threads=1): one-core numbers."""
     from .extract.search import MAX_UNROLLED, unrolled_copies
+    from .rules import resolve
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -346,7 +349,7 @@ def measure_distribution(workload: str, size: Sequence[int] | None = None, rules
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
     settings = settings or Settings(threads=1)
     naive = naive_program(wl.build(*size))
-    sat = saturate(naive, rules, limits)
+    sat = saturate(naive, resolve(rules), limits)
     space = Space(sat)
     total = space.count()
     dist = Distribution(wl.name, list(size), sat.report.rules, seed, settings, total, [], 0, 0, 0)

@@ -166,7 +166,7 @@ def space_counts(exps: list[Exploration], cache: Path) -> dict[str, dict[str, in
     (cached in `cache`: one saturation per rule)."""
     from .egraph.space import build_space, rule_contributions
     from .ir import naive_program
-    from .rules import RULES
+    from .rules import RULES, default_rules
     from .workloads import get_workload
 
     known = json.loads(cache.read_text()) if cache.exists() else {}
@@ -174,8 +174,9 @@ def space_counts(exps: list[Exploration], cache: Path) -> dict[str, dict[str, in
         if key in known:
             continue
         naive = naive_program(get_workload(group[0].workload).build(*group[0].size))
-        counts = {"all rules": build_space(naive).count()}
-        counts.update({f"without {name}": n for name, n in rule_contributions(naive).items()
+        rules = default_rules()
+        counts = {"all rules": build_space(naive, rules).count()}
+        counts.update({f"without {name}": n for name, n in rule_contributions(naive, rules).items()
                        if RULES[name].growth})  # analysis rules only feed guards
         known[key] = counts
     cache.write_text(json.dumps(known, indent=1))

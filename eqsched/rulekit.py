@@ -29,10 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .egraph.derive import _Derivation
+from .egraph.derive import build_unchecked
 from .egraph.encode import encode
-from .egraph.lang import root_expr
-from .egraph.saturate import Limits, Saturation, _report, _Runner, saturate
+from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
 from .egraph.term import show
 from .ir import Program, naive_program
@@ -84,32 +83,11 @@ class RuleCheck:
         return {**asdict(self), "sound": self.sound}
 
 
-class _Unchecked(_Derivation):
-    """The derivation without the whole-program legality check: what the rule's term says."""
-
-    def _check(self) -> None:
-        pass
-
-
-def _build_unchecked(term: Any, sizes: Any, naive: Program) -> Program:
-    return _Unchecked(term, sizes, naive, checked=False).run().program
-
-
-def _one_step(term: Any, naive: Program, facts: Any, rule: Any) -> Space:
+def _one_step(term: Any, naive: Program, rule: Any) -> Space:
     """The space of `term` after `rule` (and the analyses it needs) ran ITERATIONS times."""
-    from egglog import EGraph
-
     from .rules import resolve
-    from .rules.analysis import program_root
 
-    root = root_expr(term)
-    egraph = EGraph()
-    egraph.register(program_root(root))
-    runner = _Runner(egraph, facts, Limits(iterations=ITERATIONS))
-    stop = runner.phase(resolve([rule]))
-    sat = Saturation(egraph, root, naive, facts, None)  # type: ignore[arg-type]
-    sat.report = _report(sat, runner, stop, time.perf_counter() - runner.start, [rule.name], [])
-    return Space(sat)
+    return Space(saturate(naive, resolve([rule]), Limits(iterations=ITERATIONS), start=term))
 
 
 def _legality(prog: Program) -> str:
@@ -140,7 +118,7 @@ def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: 
         if matched == programs:
             break
         try:
-            space = _one_step(term, naive, base.facts, rule)
+            space = _one_step(term, naive, rule)
         except Exception as e:  # noqa: BLE001  (the space of an e-graph rooted at a scheduled
             # program is not always well-formed for the counter; that start is skipped, and said)
             check.skipped.append(f"{workload}: {show(term)[:80]}: {type(e).__name__}: {e}")
@@ -148,7 +126,7 @@ def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: 
         if space.count_structures() <= 1:
             continue
         try:
-            before = _build_unchecked(term, sizes, naive)
+            before = build_unchecked(term, sizes, naive)
         except Exception:  # noqa: BLE001  (a start the primitives cannot build is skipped)
             continue
         total = space.count()
@@ -181,7 +159,7 @@ def _run_after(workload: str, size: list[int], naive: Program, before: Program, 
                        show(term), legality)
 
     try:
-        after = _build_unchecked(term, sizes, naive)
+        after = build_unchecked(term, sizes, naive)
     except Exception as e:  # noqa: BLE001  (the rule made a term no schedule spells)
         return failed("cannot be built", f"{type(e).__name__}: {e}")
     legality = _legality(after)
@@ -203,11 +181,13 @@ def _rule_sets(rule: Any) -> dict[str, list]:
 
 
 def _effect(rule: Any, workload: str) -> dict[str, Any]:
+    from .rules import resolve
+
     wl = get_workload(workload)
     naive = naive_program(wl.build(*wl.small_size))
     row: dict[str, Any] = {"workload": workload, "size": list(wl.small_size)}
     for side, rules in _rule_sets(rule).items():
-        sat = saturate(naive, rules)
+        sat = saturate(naive, resolve(rules))
         rep = sat.report
         row[side] = {"enodes": rep.enodes, "eclasses": rep.eclasses,
                      "programs": Space(sat).count(), "seconds": round(rep.seconds, 3),

@@ -10,6 +10,8 @@ nesting (`uncached`, `reg_tile`) can differ between members of a class; see each
 
 from __future__ import annotations
 
+from math import isqrt
+
 from egglog import String, eq, relation, rule, var
 
 from ..egraph.facts import Facts
@@ -43,7 +45,28 @@ covers = relation("covers", Body, String)
 s_lacks = relation("s_lacks", SStmt, String)  # no block of plain stage st inside
 lacks = relation("lacks", Body, String)
 alone = relation("alone", Root, String)  # one statement of the root list is st's nest alone
-program_root = relation("program_root", Root)  # the whole program (registered by saturate)
+
+
+# The tiling plan: how many pieces each dimension group is split into. Tile makes them; the
+# analyses and the rules that name a piece (vectorize, cache_write, covers) read the same plan.
+SPATIAL_LEVELS = 4  # Ansor's SSRSRS: spatial groups in 4 pieces, reduce groups in 2
+REDUCE_LEVELS = 2
+
+
+def levels(facts: Facts, group: str) -> int:
+    """Pieces of a group, decided by its owner: the first reduction that iterates the group
+    (where tiling matters most), else the first block that does. conv2d's padding copy Xpad.c
+    is the convolution's reduce axis rc: 2 pieces; C.j in C = A@B; D = exp(C); F = D@E is
+    spatial for C: 4 pieces, though F reduces over it."""
+    users = [name for name in facts.blocks if group in facts.groups_of(name)]
+    owner = next((name for name in users if facts.blocks[name].reduce is not None), users[0])
+    return REDUCE_LEVELS if group in facts.reduce_groups[owner] else SPATIAL_LEVELS
+
+
+def tiled(extent: int) -> bool:
+    """Only composite extents are tiled: every split of a prime has all pieces but one of extent
+    1, the same loop nests as moving the whole loop (duplicates that only grow the e-graph)."""
+    return any(extent % d == 0 for d in range(2, isqrt(extent) + 1))
 
 
 def inlinable(facts: Facts) -> list[str]:
@@ -279,8 +302,6 @@ class Covers(Rule):
     growth = False
 
     def rewrites(self, facts: Facts) -> list:
-        from .tile import levels
-
         out = []
         for group in sorted(reduce_groups(facts)):
             for path in ("", f"0/{levels(facts, group)}"):

@@ -7,9 +7,8 @@ from egglog import String, rewrite
 from ..egraph.facts import Facts
 from ..egraph.lang import Body, Kind, cached, loop
 from ..egraph.term import split_path
-from .analysis import b, covers, holds, only, tiles, uncached
+from .analysis import b, covers, holds, levels, only, tiled, tiles, uncached
 from .base import Rule, register
-from .tile import levels, tiled
 
 
 @register

@@ -5,8 +5,8 @@ from __future__ import annotations
 from egglog import String, eq, function, relation, rewrite, rule, union, var
 
 from ..egraph.facts import Facts
-from ..egraph.lang import Root
-from .analysis import alone, h, inlinable, program_root, r, rest, s_lacks, s_only
+from ..egraph.lang import Root, program_root
+from .analysis import alone, h, inlinable, r, rest, s_lacks, s_only
 from .base import Rule, register
 
 

@@ -7,9 +7,8 @@ from egglog import String, rewrite
 from ..egraph.facts import Facts
 from ..egraph.lang import Kind, loop
 from ..egraph.term import split_path
-from .analysis import b, blocks_only, unit_stride
+from .analysis import b, blocks_only, levels, tiled, unit_stride
 from .base import Rule, register
-from .tile import levels, tiled
 
 
 @register

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from eqsched.extract.analytic import KEYS, AnalyticModel
 from eqsched.extract.cost import get_cost_model
+from eqsched.rules import default_rules
 
 from eqsched.egraph.derive import realize
 from eqsched.egraph.space import build_space
@@ -119,7 +120,7 @@ def test_the_tiled_matmul_beats_the_naive_one_by_far(model):
 
 def test_the_known_good_program_beats_samples_of_its_space(model):
     naive = matmul(128)
-    space = build_space(naive)
+    space = build_space(naive, default_rules())
     samples = [realize(term, sizes, naive) for term, sizes in space.sample(20, seed=3)]
     good, *others = model.predict([register_tiled(naive, 128)] + samples)
     assert good < min(others)
@@ -138,7 +139,7 @@ def test_programs_of_every_kind_get_finite_positive_predictions(model, workload)
     # inlined stages, padding selects, exp, max reductions, several stages.
     wl = get_workload(workload)
     naive = naive_program(wl.build(*wl.small_size))
-    space = build_space(naive)
+    space = build_space(naive, default_rules())
     rng = random.Random(0)
     programs = []
     for _ in range(400):

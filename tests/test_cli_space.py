@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+from eqsched.rules import default_rules
 from test_cli import ENV, assert_one_line_error
 
 from eqsched.egraph.encode import encode
@@ -27,7 +28,7 @@ def test_json_report_counts_the_space_and_samples_replayable_traces():
     assert out["enodes"] > 0 and out["eclasses"] > 0 and out["seconds"] >= 0
     assert out["peak_rss_mb"] > 0 and out["matches_per_rule"]["tile"] > 0
     naive = naive_program(get_workload("matmul").build(16, 16, 8))
-    space = build_space(naive)
+    space = build_space(naive, default_rules())
     assert out["programs"] == space.count() and out["structures"] == space.count_structures()
     assert isinstance(out["programs"], int) and out["programs"] > out["structures"]
     assert len(out["samples"]) == 2

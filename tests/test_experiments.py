@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 from eqsched.extract.cost import CostModel
+from eqsched.rules import resolve
 
 from eqsched.cli import main
 from eqsched.db import Database
@@ -103,7 +104,7 @@ class _Memorizer(CostModel):
 def timed_programs():
     """20 distinct programs of the space with made-up times (nothing is measured)."""
     naive = naive_program(get_workload("matmul").build(*SMALL))
-    space = build_space(naive, "-unroll")
+    space = build_space(naive, resolve("-unroll"))
     programs = {}
     for term, sizes in space.sample(40, seed=3):
         prog = realize(term, sizes, naive)

@@ -9,6 +9,7 @@ import pytest
 from eqsched.extract.cost import CostModel, CostModelError, get_cost_model, spearman
 from eqsched.extract.features import features
 from eqsched.extract.learned import GLOBAL_SLACK, LearnedModel
+from eqsched.rules import default_rules
 
 from eqsched.egraph.derive import realize
 from eqsched.egraph.space import build_space
@@ -28,7 +29,8 @@ class Iterations(CostModel):
 @pytest.fixture(scope="module")
 def programs() -> list[Program]:
     naive = naive_program(get_workload("matmul").build(64, 64, 64))
-    return [realize(term, sizes, naive) for term, sizes in build_space(naive).sample(60, seed=3)]
+    space = build_space(naive, default_rules())
+    return [realize(term, sizes, naive) for term, sizes in space.sample(60, seed=3)]
 
 
 @pytest.fixture(scope="module")

@@ -88,12 +88,12 @@ class Graph:
 
 @pytest.fixture(scope="module")
 def matmul():
-    return saturate(naive("matmul"))
+    return saturate(naive("matmul"), default_rules())
 
 
 @pytest.fixture(scope="module")
 def chain():
-    return saturate(naive("mm_exp_mm"))
+    return saturate(naive("mm_exp_mm"), default_rules())
 
 
 # ---- registry and selection ----------------------------------------------------------------
@@ -160,7 +160,7 @@ def test_reorder_moves_the_reduction_outward(matmul):
 
 
 def test_extent_one_and_prime_groups_are_not_tiled():
-    sat = saturate(naive("conv2d_nchw"))  # n = 1, C = 3, ry = rx = 3, K = 4
+    sat = saturate(naive("conv2d_nchw"), default_rules())  # n = 1, C = 3, ry = rx = 3, K = 4
     facts = facts_of(sat.naive)
     whole = {facts.group("Y.update", axis) for axis in ("n", "rc", "ry", "rx")}
     paths = {(grp, path) for grp, path, _, _ in Graph(sat).loops()}
@@ -235,7 +235,7 @@ def shifted(offset):
 @pytest.mark.parametrize("offset", [1, None], ids=["neighbour", "mirror"])
 def test_a_consumer_reading_other_points_is_never_fused(offset):
     prog = shifted(offset)
-    g = Graph(saturate(prog))
+    g = Graph(saturate(prog, default_rules()))
     for _, _, _, body in g.loops():
         assert not {"C", "D"} <= g.reach(body)[0]
 

@@ -1,6 +1,7 @@
 """Bounded saturation: stop reasons, rollback, phases, and the report."""
 
 import pytest
+from eqsched.rules import default_rules, resolve
 from eqsched.rules.analysis import inlinable
 
 from eqsched.egraph.facts import facts_of
@@ -16,13 +17,13 @@ def naive(name, *size):
 
 @pytest.fixture(scope="module")
 def matmul():
-    return saturate(naive("matmul"))
+    return saturate(naive("matmul"), default_rules())
 
 
 @pytest.mark.parametrize("workload", [w.name for w in list_workloads()])
 def test_every_workload_saturates_at_its_small_size(workload):
     prog = naive(workload)
-    report = saturate(prog).report
+    report = saturate(prog, default_rules()).report
     assert report.stop_reason == "saturated"
     assert report.iterations < Limits().iterations and report.seconds < Limits().seconds
     # inline applies exactly where there is an elementwise intermediate (mm_exp_mm's exp)
@@ -53,19 +54,19 @@ def test_serialized_is_complete_and_rooted(matmul):
 
 
 def test_iteration_limit():
-    report = saturate(naive("matmul"), limits=Limits(iterations=2)).report
+    report = saturate(naive("matmul"), default_rules(), limits=Limits(iterations=2)).report
     assert (report.stop_reason, report.iterations) == ("iteration_limit", 2)
 
 
 def test_time_limit_stops_after_one_iteration():
-    report = saturate(naive("matmul"), limits=Limits(seconds=0)).report
+    report = saturate(naive("matmul"), default_rules(), limits=Limits(seconds=0)).report
     assert (report.stop_reason, report.iterations) == ("time_limit", 1)
 
 
 def test_node_limit_rolls_back_the_overshooting_iteration():
-    full = saturate(naive("matmul")).report.enodes
+    full = saturate(naive("matmul"), default_rules()).report.enodes
     limit = full // 2
-    sat = saturate(naive("matmul"), limits=Limits(enodes=limit))
+    sat = saturate(naive("matmul"), default_rules(), limits=Limits(enodes=limit))
     report = sat.report
     assert report.stop_reason == "node_limit" and report.rolled_back
     assert report.enodes <= limit and enodes(sat.egraph) == report.enodes
@@ -73,13 +74,13 @@ def test_node_limit_rolls_back_the_overshooting_iteration():
 
 
 def test_phases_run_in_order_to_the_same_fixpoint(matmul):
-    sat = saturate(naive("matmul"), phases=[("tile", ["tile"]), ("rest", None)])
+    sat = saturate(naive("matmul"), phases=[("tile", resolve(["tile"])), ("rest", default_rules())])
     assert [p["name"] for p in sat.report.phases] == ["tile", "rest"]
     assert all(p["stop_reason"] == "saturated" for p in sat.report.phases)
     assert sat.report.enodes == matmul.report.enodes
 
 
 def test_fewer_rules_fewer_nodes(matmul):
-    assert saturate(naive("matmul"), rules="-reorder").report.enodes < matmul.report.enodes
-    only_tiles = saturate(naive("matmul"), rules=["tile"]).report
+    assert saturate(naive("matmul"), resolve("-reorder")).report.enodes < matmul.report.enodes
+    only_tiles = saturate(naive("matmul"), resolve(["tile"])).report
     assert set(only_tiles.matches_per_rule) == {"tile"}

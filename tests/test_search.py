@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from eqsched.extract import CostModel, EvolutionarySearch, get_cost_model
 from eqsched.extract.search import unrolled_copies
+from eqsched.rules import default_rules
 
 from eqsched.backend import compile_program
 from eqsched.egraph.space import Space, build_space
@@ -35,7 +36,7 @@ class FewestScalarIterations(CostModel):
 
 @pytest.fixture(scope="module")
 def space():
-    return build_space(naive_program(get_workload("matmul").build(16, 32, 8)))
+    return build_space(naive_program(get_workload("matmul").build(16, 32, 8)), default_rules())
 
 
 def test_proposals_are_distinct_members_best_first(space):

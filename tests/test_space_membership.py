@@ -8,6 +8,7 @@ the same loop nest with extent-1 middle pieces.
 """
 
 import pytest
+from eqsched.rules import default_rules
 
 from eqsched.egraph.space import build_space
 from eqsched.ir import naive_program
@@ -20,7 +21,7 @@ N, BN, KF = 64, 32, 4
 @pytest.fixture(scope="module")
 def space_and_naive():
     naive = naive_program(get_workload("matmul").build(N, N, N))
-    return build_space(naive), naive
+    return build_space(naive, default_rules()), naive
 
 
 def blocked(naive, inner_order=("C.k.1", "C.i.3", "C.j.3")) -> Schedule:

@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from eqsched.rules import default_rules
 
 from eqsched.backend import BackendError, compile_program
 from eqsched.egraph.derive import DeriveError, realize
@@ -45,7 +46,7 @@ def check_program(term: Term, sizes: Sizes, base: Program) -> str | None:
 def check_workload(wl: Workload, samples: int, seed: int = SEED) -> tuple[int, list[str]]:
     """(programs in the space, failures as 'term | sizes | problem') for `samples` draws."""
     base = naive_program(wl.build(*wl.small_size))
-    space = build_space(base)
+    space = build_space(base, default_rules())
     failures = []
     for term, sizes in space.sample(samples, seed):
         problem = check_program(term, sizes, base)

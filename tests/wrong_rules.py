@@ -6,7 +6,7 @@ tests/wrong_rules.py` must report it unsound, with the smallest failing program.
 from egglog import String, rewrite
 from eqsched.rules.analysis import b, blocks_only
 from eqsched.rules.base import Rule, register
-from eqsched.rules.tile import levels, tiled
+from eqsched.rules.analysis import levels, tiled
 
 from eqsched.egraph.lang import Kind, loop
 from eqsched.egraph.term import split_path

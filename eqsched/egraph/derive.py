@@ -64,6 +64,13 @@ def realize(term: Term, sizes: Sizes, naive: Program, *, verify: bool = True) ->
         return _Derivation(term, sizes, naive).run().program
 
 
+def build_unchecked(term: Term, sizes: Sizes, naive: Program) -> Program:
+    """The term's program built by the primitives with no legality check at all: what the term
+    says, right or wrong. For soundness fuzzing of rules (`eqsched rules check`), where an
+    illegal program must be built and run so that execution catches it."""
+    return _Derivation(term, sizes, naive, checked=False, verify=False).run().program
+
+
 def verify(term: Term, sizes: Sizes, program: Program, facts: Facts) -> None:
     """Raise DeriveError unless `program` is legal and encodes back to exactly (term, sizes)
     (`facts` of the naive program)."""
@@ -266,4 +273,4 @@ class _Derivation:
             verify(self.term, self.sizes, self.sch.program, self.facts)
 
 
-__all__ = ["DeriveError", "derive", "path_suffix", "realize", "verify"]
+__all__ = ["DeriveError", "build_unchecked", "derive", "path_suffix", "realize", "verify"]

@@ -13,7 +13,7 @@ an append node, since every append class also holds the cons list it evaluates t
 
 from __future__ import annotations
 
-from egglog import Expr, StringLike, function, i64Like
+from egglog import Expr, StringLike, function, i64Like, relation
 
 from .term import BlockRef, Cached, Loop, Stmt, Term
 
@@ -72,6 +72,11 @@ def cached(stage: StringLike, body: Body) -> SStmt: ...
 
 @function
 def append(a: Body, b: Body) -> Body: ...
+
+
+# The whole program: `saturate` registers this fact on the root it starts from, so that the
+# serialized e-graph names the program's e-class and rules can match at the top of the program.
+program_root = relation("program_root", Root)
 
 
 KIND_EXPR = {

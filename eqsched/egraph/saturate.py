@@ -1,6 +1,6 @@
 """Bounded equality saturation of a naive program's e-graph with a rule set.
 
-    sat = saturate(naive_program(comp), rules="-pack", limits=Limits(seconds=5))
+    sat = saturate(naive_program(comp), resolve("-pack"), limits=Limits(seconds=5))
     sat.report.stop_reason      # "saturated" | "iteration_limit" | "node_limit" | "time_limit"
     Space(sat)                  # reads sat.serialized() from sat.root_class
 
@@ -11,6 +11,9 @@ is rolled back (`push` before it, `pop` after). A push copies the e-graph, so it
 the iteration could reach the limit at the largest growth seen so far (twice over); an iteration
 that outgrows that guess stops the run over the limit, with `rolled_back` False. Phases run
 rule sets one after another, each to its own fixpoint, under one budget.
+
+The rules are objects the caller chose (`eqsched.rules.resolve` makes them from names): this
+module knows only the `RewriteRule` protocol, never the rule plug-ins themselves.
 
 An e-graph is tied to the thread that built it (egglog 13 panics otherwise): use a Saturation in
 the thread that called `saturate`.
@@ -23,17 +26,35 @@ import re
 import resource
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from egglog import EGraph, ruleset, unstable_combine_rulesets
+from egglog import EGraph, RunReport, ruleset, unstable_combine_rulesets
 
 from ..ir import Program
 from .encode import encode
 from .facts import Facts, facts_of
-from .lang import Root, root_expr
+from .lang import Root, program_root, root_expr
+from .term import Term
 
 STOP_REASONS = ("saturated", "iteration_limit", "node_limit", "time_limit")
+
+
+class RewriteRule(Protocol):
+    """What saturation needs of a rule (`eqsched.rules.Rule` is the implementation): a name, whether
+    it grows the space or only derives guard facts, and its egglog commands for a program."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def growth(self) -> bool: ...
+
+    def rewrites(self, facts: Facts) -> list: ...
+
+
+Phase = tuple[str, Sequence[RewriteRule]]  # a name and the rules run to their fixpoint together
 
 
 @dataclass(frozen=True)
@@ -88,8 +109,9 @@ class Saturation:
         return nodes[marks[0]["children"][0]]["eclass"]
 
 
-class _Runner:
-    """The e-graph, the budget, and what has been spent of it."""
+class Runner:
+    """The e-graph, the budget, and what has been spent of it: `phase(rules)` runs one rule set
+    to its fixpoint or the first limit; `saturate` runs one phase per rule set, in order."""
 
     def __init__(self, egraph: EGraph, facts: Facts, limits: Limits):
         self.egraph, self.facts, self.limits = egraph, facts, limits
@@ -99,7 +121,7 @@ class _Runner:
         self.rolled_back = False
         self.growth = 2.0  # the largest e-node growth of one iteration so far (guess before any)
 
-    def phase(self, rules: list) -> str:
+    def phase(self, rules: Sequence[RewriteRule]) -> str:
         """Run `rules` to their fixpoint or the first limit; the stop reason."""
         analysis, growth, names = self._rulesets(rules)
         while True:
@@ -126,7 +148,7 @@ class _Runner:
             if time.perf_counter() - self.start > self.limits.seconds:
                 return "time_limit"
 
-    def _rulesets(self, rules: list):
+    def _rulesets(self, rules: Sequence[RewriteRule]) -> tuple[Any, Any, dict[Any, str]]:
         """Per-rule egglog rulesets, combined into one analysis and one growth ruleset, and the
         rule name of every egglog rule (to attribute matches)."""
         analysis, growth, names = [], [], {}
@@ -139,7 +161,7 @@ class _Runner:
             (growth if rule.growth else analysis).append(rs)
         return _combine(analysis), _combine(growth), names
 
-    def _count(self, report: Any, names: dict) -> bool:
+    def _count(self, report: RunReport, names: dict[Any, str]) -> bool:
         for decl, n in report.num_matches_per_rule.items():
             self.matches[names.get(decl, str(decl))] += n
         return bool(report.updated)
@@ -150,7 +172,7 @@ def _decls(rs: Any) -> list:
     return list(rs._current_egg_decls._rulesets[rs.ident].rules)
 
 
-def _combine(rulesets: list) -> Any:
+def _combine(rulesets: list[Any]) -> Any:
     if not rulesets:
         return ruleset(name=f"empty_{len(rulesets)}_{time.perf_counter_ns()}")
     return rulesets[0] if len(rulesets) == 1 else unstable_combine_rulesets(*rulesets)
@@ -160,24 +182,23 @@ def enodes(egraph: EGraph) -> int:
     return sum(n for _, n in egraph.all_function_sizes())
 
 
-def saturate(naive: Program, rules: Any = None, limits: Limits | None = None,
-             phases: list[tuple[str, Any]] | None = None) -> Saturation:
-    """Build the e-graph of `naive` and grow it with `rules` (eqsched.rules.resolve spec; the
-    default set if None), or with `phases` [(name, rules spec), ...] one after another."""
-    from eqsched.rules import resolve
-    from eqsched.rules.analysis import program_root
-
+def saturate(naive: Program, rules: Sequence[RewriteRule] = (), limits: Limits | None = None,
+             phases: Sequence[Phase] | None = None, *, start: Term | None = None) -> Saturation:
+    """Build the e-graph of `start` (default: `naive` itself, encoded) and grow it with `rules`,
+    or with `phases` [(name, rules), ...] one after another. Facts (the guards' inputs) are always
+    those of `naive`, the program every term of the space computes."""
     limits = limits or Limits()
     facts = facts_of(naive)
-    term, _ = encode(naive, facts)
+    term = start if start is not None else encode(naive, facts)[0]
     root = root_expr(term)
     egraph = EGraph()
     egraph.register(program_root(root))
-    runner = _Runner(egraph, facts, limits)
+    runner = Runner(egraph, facts, limits)
     plan = phases if phases is not None else [("all", rules)]
-    done, chosen, stop = [], [], "saturated"
-    for name, spec in plan:
-        picked = resolve(spec)
+    done: list[dict[str, Any]] = []
+    chosen: list[str] = []
+    stop = "saturated"
+    for name, picked in plan:
         chosen += [r.name for r in picked if r.name not in chosen]
         before = runner.iterations
         stop = runner.phase(picked)
@@ -190,7 +211,7 @@ def saturate(naive: Program, rules: Any = None, limits: Limits | None = None,
     return sat
 
 
-def _report(sat: Saturation, runner: _Runner, stop: str, seconds: float, rules: list[str],
+def _report(sat: Saturation, runner: Runner, stop: str, seconds: float, rules: list[str],
             phases: list[dict]) -> SaturationReport:
     sizes: dict[str, dict[str, int]] = {}
     classes: dict[str, set[str]] = {}

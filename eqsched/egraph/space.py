@@ -46,17 +46,18 @@ import json
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from itertools import product
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..ir import Program
-from .facts import Facts, facts_of
+from .facts import Facts
 from .lang import SERIALIZED_OPS
+from .saturate import Limits, RewriteRule, saturate
 from .term import (
     KINDS,
     BlockRef,
@@ -170,13 +171,26 @@ def _value(array: np.ndarray, omega: Omega) -> int:
     return array[tuple(i if n > 1 else 0 for i, n in zip(omega, array.shape))]
 
 
+class SaturatedEGraph(Protocol):
+    """What a Space reads of a saturation: `eqsched.egraph.saturate.Saturation`, or an e-graph
+    built by hand (the tests build some with unions)."""
+
+    naive: Program
+    facts: Facts
+
+    def serialized(self) -> dict: ...
+
+    @property
+    def root_class(self) -> str: ...
+
+
 class Space:
     """The programs of a saturation (`eqsched.egraph.saturate.Saturation`)."""
 
-    def __init__(self, sat: Any):
+    def __init__(self, sat: SaturatedEGraph):
         self.saturation = sat
         self.naive: Program = sat.naive
-        self.facts: Facts = getattr(sat, "facts", None) or facts_of(sat.naive)
+        self.facts: Facts = sat.facts
         self.report = getattr(sat, "report", None)
         data = sat.serialized()
         self._raw = data["nodes"]
@@ -879,17 +893,14 @@ def _key_of(term: Term) -> Key:
     return frozenset(key)
 
 
-def build_space(naive: Program, rules: Any = None, limits: Any = None) -> Space:
-    """Saturate the naive program's e-graph with `rules` (default set) and wrap it as a Space."""
-    from .saturate import saturate
-
+def build_space(naive: Program, rules: Sequence[RewriteRule],
+                limits: Limits | None = None) -> Space:
+    """Saturate the naive program's e-graph with `rules` and wrap it as a Space."""
     return Space(saturate(naive, rules, limits))
 
 
-def rule_contributions(naive: Program, rules: Any = None, limits: Any = None) -> dict[str, int]:
+def rule_contributions(naive: Program, rules: Sequence[RewriteRule],
+                       limits: Limits | None = None) -> dict[str, int]:
     """For each rule, the number of programs in the space built without it."""
-    from eqsched.rules import default_rules, resolve
-
-    chosen = list(default_rules() if rules is None else resolve(rules))
-    return {rule.name: build_space(naive, [r for r in chosen if r is not rule], limits).count()
-            for rule in chosen}
+    return {rule.name: build_space(naive, [r for r in rules if r is not rule], limits).count()
+            for rule in rules}
