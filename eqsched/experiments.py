@@ -42,10 +42,11 @@ from .egraph.derive import DeriveError, derive, realize
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
 from .egraph.term import show
-from .explore import Settings, _cost_model, _measurement_key
+from .extract import cost_model_for
 from .ir import Program, naive_program
 from .runner import Measurement, measure
 from .schedule import ScheduleError
+from .trials import Settings, measurement_key
 from .workloads import get_workload
 
 Z95 = 1.959964  # two-sided 95% normal quantile
@@ -372,7 +373,7 @@ def measure_distribution(workload: str, size: Sequence[int] | None = None, rules
     seen: dict[str, Sample] = {}
     try:
         for i, (term, sizes, prog) in enumerate(chosen):
-            key = _measurement_key(prog, settings)
+            key = measurement_key(prog, settings)
             if key in seen:
                 sample = replace(seen[key], cached=True)
             else:
@@ -468,7 +469,7 @@ def _held_out_predictions(spec: Any, programs: list[Program], times: np.ndarray,
     from .extract.cost import CostModel
 
     def fresh() -> CostModel:
-        return copy.deepcopy(spec) if isinstance(spec, CostModel) else _cost_model(spec, threads)
+        return copy.deepcopy(spec) if isinstance(spec, CostModel) else cost_model_for(spec, threads)
 
     model = fresh()
     if type(model).update is CostModel.update:
@@ -652,7 +653,7 @@ def _cmd_ranking(args: Any) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     try:
         for m in models:
-            _cost_model(m, 1)
+            cost_model_for(m, 1)
     except CostModelError as err:
         raise CliError(str(err)) from None
     if not models:

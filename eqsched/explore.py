@@ -28,33 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from . import machine
-from .backend import CompileOptions
 from .db import Database, Record
 from .egraph.derive import DeriveError, derive
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
 from .egraph.term import show
-from .ir import LoopKind, Program, naive_program
+from .extract import cost_model_for
+from .ir import Program, naive_program
 from .runner import Measurement, measure
+from .trials import Settings, has_parallel_loops, measurement_key
 from .workloads import get_workload
 
 DEFAULT_DB = "eqsched.db"
-
-
-@dataclass
-class Settings:
-    """How candidates are measured."""
-
-    repeats: int = 10
-    warmup: int = 1
-    time_budget_s: float = 0.3  # per candidate: a slow one gets min_repeats timed runs
-    min_repeats: int = 3  # one run on a shared machine can be 30% off (mm_exp_mm: 60-90 GFLOPS)
-    timeout_s: float = 120.0  # per candidate: compile, check and timing together
-    input_seed: int = 0
-    threads: int | None = None  # for parallel loops; None: every core (1: a one-core result)
-
-    def options(self) -> CompileOptions:
-        return CompileOptions(threads=self.threads)
 
 
 @dataclass
@@ -159,7 +144,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     say = progress or (lambda event, data: None)
     database = db if isinstance(db, Database) else Database(db)
     try:
-        model = _cost_model(cost_model, settings.options().thread_count)
+        model = cost_model_for(cost_model, settings.options().thread_count)
         chosen_rules = resolve(rules)
     except Exception:
         if not isinstance(db, Database):
@@ -202,7 +187,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
 
     def run_one(job: tuple[int, Any, float], round_index: int) -> Trial:
         worker, cand, predicted = job
-        key = _measurement_key(cand.program, settings)
+        key = measurement_key(cand.program, settings)
         stored = database.lookup(wl.name, list(size), key)
         if stored is not None:
             return Trial(round_index, cand.hash, show(cand.term), predicted, stored.median_s,
@@ -311,7 +296,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             close_round(whole=False)
         if best_program is not None:
             result.best_program = best_program.program
-            parallel = _has_parallel_loops(best_program.program)
+            parallel = has_parallel_loops(best_program.program)
             cores = settings.options().thread_count if parallel else 1
             result.peak_gflops = facts["peak_gflops_per_core"] * cores
             result.best_trace = derive(best_program.term, best_program.sizes, naive)
@@ -326,30 +311,6 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         if not isinstance(db, Database):
             database.close()
     return result
-
-
-def _cost_model(spec: Any, threads: int) -> Any:
-    """A model by name or object; the built-in models predict for the measured thread count."""
-    from .extract import get_cost_model
-    from .extract.analytic import AnalyticModel
-
-    if spec == "analytic":
-        return AnalyticModel(threads=threads)
-    if spec == "learned":
-        return get_cost_model("learned", prior=AnalyticModel(threads=threads))
-    return get_cost_model(spec)
-
-
-def _measurement_key(prog: Program, settings: Settings) -> str:
-    """The program hash, plus the thread count when the program has parallel loops (its time
-    depends on it)."""
-    if _has_parallel_loops(prog):
-        return f"{prog.hash()}/threads={settings.options().thread_count}"
-    return prog.hash()
-
-
-def _has_parallel_loops(prog: Program) -> bool:
-    return any(lp.kind == LoopKind.PARALLEL for lp in prog.loops())
 
 
 def _naive_time(database: Database, naive: Program, workload: str, size: list[int],

@@ -14,9 +14,20 @@
 A new cost model is one file: subclass `CostModel`, decorate it with `@register`.
 """
 
-from . import analytic, learned  # noqa: F401  (importing a model's module registers it)
+from . import learned  # noqa: F401  (importing a model's module registers it)
+from .analytic import AnalyticModel
 from .cost import COST_MODELS, CostModel, CostModelError, get_cost_model, register
 from .search import Candidate, EvolutionarySearch
 
+
+def cost_model_for(spec: str | CostModel, threads: int) -> CostModel:
+    """A model by name or object; the built-in models predict for the measured thread count."""
+    if spec == "analytic":
+        return AnalyticModel(threads=threads)
+    if spec == "learned":
+        return get_cost_model("learned", prior=AnalyticModel(threads=threads))
+    return get_cost_model(spec)
+
+
 __all__ = ["COST_MODELS", "Candidate", "CostModel", "CostModelError", "EvolutionarySearch",
-           "get_cost_model", "register"]
+           "cost_model_for", "get_cost_model", "register"]
