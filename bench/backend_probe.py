@@ -25,7 +25,7 @@ from eqsched.backend import CompileOptions, compile_program
 from eqsched.expr import Const, Load, Var
 from eqsched.ir import Alloc, Binding, Block, Buffer, Loop, LoopKind, Program, Scope
 
-S, U, V = LoopKind.SERIAL, LoopKind.UNROLLED, LoopKind.VECTORIZED
+S, U, V = LoopKind.SERIAL, LoopKind.UNROLL, LoopKind.VECTOR
 PANEL = 32  # columns of B per packed panel = columns of C per register tile (two 16-lane zmm)
 
 

@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from .expr import Const, Expr, Load, Var
+from .expr import Const, Expr, Load, Var, to_str
 from .te import Axis, Computation
 
 
 class LoopKind(StrEnum):
     SERIAL = "serial"
     PARALLEL = "parallel"
-    VECTORIZED = "vectorized"
-    UNROLLED = "unrolled"
+    VECTOR = "vector"
+    UNROLL = "unroll"
 
 
 class Scope(StrEnum):
@@ -125,7 +125,7 @@ class Loop:
 
     @property
     def lanes(self) -> int:
-        return self.extent if self.kind == LoopKind.VECTORIZED else 1
+        return self.extent if self.kind == LoopKind.VECTOR else 1
 
 
 @dataclass(frozen=True)
@@ -239,8 +239,7 @@ class Program:
         return self.with_body(down(self.body, 0))
 
     def text(self) -> str:
-        from .printer import print_program
-
+        """The canonical, readable text form (TVMScript-like); `hash` is taken of it."""
         return print_program(self)
 
     def hash(self) -> str:
@@ -324,3 +323,61 @@ def naive_program(comp: Computation) -> Program:
             body += _stage_nest(s.name, f"{s.name}.update", s.name, s.axes, s.name, idx, s.body,
                                 s.reduce)
     return Program(comp.name, tuple(buffers), tuple(body), comp)
+
+
+# ---- the text form: what `Program.text()` prints and `Program.hash()` digests -------------------
+#
+#     program matmul
+#       input  A: float32[64, 64]
+#       ...
+#     for C.i in range(64):
+#       for C.j in vectorized(16):
+#         C.update(i = C.i, j = C.j, k = C.k):
+#           C[i, j] += A[i, k] * B[k, j]
+#
+# The words printed for loop kinds are part of every stored program hash: keep them as they are.
+
+_KIND_WORD = {
+    LoopKind.SERIAL: "range",
+    LoopKind.PARALLEL: "parallel",
+    LoopKind.VECTOR: "vectorized",
+    LoopKind.UNROLL: "unrolled",
+}
+_ACC = {"sum": "+=", "max": "max="}
+
+
+def _binding(b: Binding) -> str:
+    parts = [lp if s == 1 else f"{s}*{lp}" for lp, s in b.terms]
+    if b.offset or not parts:
+        parts.append(str(b.offset))
+    return f"{b.axis} = {' + '.join(parts)}"
+
+
+def _block(b: Block, pad: str) -> list[str]:
+    head = f"{pad}{b.name}({', '.join(_binding(x) for x in b.bindings)}):"
+    target = f"{b.buffer}[{', '.join(to_str(i) for i in b.indices)}]"
+    op = _ACC[b.reduce] if b.reduce else "="
+    return [head, f"{pad}  {target} {op} {to_str(b.value)}"]
+
+
+def _nodes(nodes: tuple[Node, ...], depth: int, out: list[str], prog: Program) -> None:
+    pad = "  " * depth
+    for n in nodes:
+        if isinstance(n, Loop):
+            out.append(f"{pad}for {n.name} in {_KIND_WORD[n.kind]}({n.extent}):")
+            _nodes(n.body, depth + 1, out, prog)
+        elif isinstance(n, Alloc):
+            buf = prog.buffer(n.buffer)
+            out.append(f"{pad}alloc {n.buffer}: {buf.dtype}{list(buf.shape)}:")
+            _nodes(n.body, depth + 1, out, prog)
+        else:
+            out.extend(_block(n, pad))
+
+
+def print_program(prog: Program) -> str:
+    lines = [f"program {prog.name}"]
+    for b in prog.buffers:
+        if b.scope.value != "local":
+            lines.append(f"  {b.scope.value:<6} {b.name}: {b.dtype}{list(b.shape)}")
+    _nodes(prog.body, 0, lines, prog)
+    return "\n".join(lines) + "\n"

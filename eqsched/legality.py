@@ -243,7 +243,7 @@ def _check_bindings(site: Site) -> None:
 
 def _check_loop_kind(prog: Program, lp: Loop, path: tuple, where: dict[str, Site]) -> None:
     under = [where[n.name].block for n, _ in walk(lp.body) if isinstance(n, Block)]
-    if lp.kind == LoopKind.UNROLLED and lp.extent > MAX_UNROLL:
+    if lp.kind == LoopKind.UNROLL and lp.extent > MAX_UNROLL:
         raise ScheduleError(f"unrolled loop {lp.name} has extent {lp.extent} > {MAX_UNROLL}")
     if lp.kind == LoopKind.PARALLEL:
         if path:
@@ -259,7 +259,7 @@ def _check_loop_kind(prog: Program, lp: Loop, path: tuple, where: dict[str, Site
                 raise ScheduleError(
                     f"parallel loop {lp.name} binds reduce axis {bound[0]} of block {blk.name}"
                 )
-    if lp.kind == LoopKind.VECTORIZED:
+    if lp.kind == LoopKind.VECTOR:
         for child in lp.body:
             if not isinstance(child, Block):
                 inner = getattr(child, "name", getattr(child, "buffer", "?"))

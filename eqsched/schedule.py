@@ -147,10 +147,10 @@ class Schedule:
                      prog.replacing_loop(chain[0].name, body))
 
     def vectorize(self, loop: str) -> None:
-        self._annotate("vectorize", loop, LoopKind.VECTORIZED)
+        self._annotate("vectorize", loop, LoopKind.VECTOR)
 
     def unroll(self, loop: str) -> None:
-        self._annotate("unroll", loop, LoopKind.UNROLLED)
+        self._annotate("unroll", loop, LoopKind.UNROLL)
 
     def parallel(self, loop: str) -> None:
         self._annotate("parallel", loop, LoopKind.PARALLEL)

@@ -39,9 +39,9 @@ class ScalarWork(CostModel):
         total = 0.0
         for blk in prog.blocks():
             loops = prog.enclosing(blk.name)
-            n = float(np.prod([1 if lp.kind == LoopKind.VECTORIZED else lp.extent
+            n = float(np.prod([1 if lp.kind == LoopKind.VECTOR else lp.extent
                                for lp in loops]))
-            vector_inside = loops and loops[-1].kind == LoopKind.VECTORIZED
+            vector_inside = loops and loops[-1].kind == LoopKind.VECTOR
             total += n * (1 if vector_inside else 2)
         return total
 

@@ -229,7 +229,7 @@ def _loop_entries(node: Node, runs: int = 1) -> float:
     if isinstance(node, Alloc):
         return sum(_loop_entries(c, runs) for c in node.body)
     own = runs if _is_serial(node) else 0
-    inner = runs * (node.extent if node.kind != LoopKind.VECTORIZED else 1)
+    inner = runs * (node.extent if node.kind != LoopKind.VECTOR else 1)
     return own + sum(_loop_entries(c, inner) for c in node.body)
 
 
@@ -272,7 +272,7 @@ class _BlockCoster:
         position = {lp.name: d for d, lp in enumerate(loops)}
         self.axes = {b.axis: ({position[lp]: c for lp, c in b.terms}, b.offset)
                      for b in blk.bindings}
-        vec = [d for d, lp in enumerate(loops) if lp.kind == LoopKind.VECTORIZED]
+        vec = [d for d, lp in enumerate(loops) if lp.kind == LoopKind.VECTOR]
         self.vec = vec[0] if vec else None
         self.lanes = loops[self.vec].extent if vec else 1
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
@@ -296,10 +296,10 @@ class _BlockCoster:
             self._op("compute", OP_COST["max" if blk.reduce == "max" else "+"], everywhere)
             chains = math.prod(lp.extent for d, lp in enumerate(self.loops)
                                if d > self.innermost and d in deps
-                               and lp.kind == LoopKind.UNROLLED)
+                               and lp.kind == LoopKind.UNROLL)
             # Accumulators stay in registers through the loops they are invariant in: a
             # carried innermost serial loop, or unrolled copies (CSE) inside each iteration.
-            live = any(d > self.innermost and d not in deps and lp.kind == LoopKind.UNROLLED
+            live = any(d > self.innermost and d not in deps and lp.kind == LoopKind.UNROLL
                        for d, lp in enumerate(self.loops))
             if store.buffer not in self.registers:  # promoted out of the loops it is invariant in
                 self._op("loads", 1, deps)
@@ -335,7 +335,7 @@ class _BlockCoster:
         for d, lp in enumerate(self.loops):
             if d == self.vec:
                 continue
-            if d <= inner or (d in deps and lp.kind == LoopKind.UNROLLED):
+            if d <= inner or (d in deps and lp.kind == LoopKind.UNROLL):
                 n *= lp.extent
         return float(n)
 
@@ -412,7 +412,7 @@ class _BlockCoster:
         if self.innermost < 0 or self.innermost in deps:
             return deps
         copies = math.prod(lp.extent for d, lp in enumerate(self.loops)
-                           if d > self.innermost and d in deps and lp.kind == LoopKind.UNROLLED)
+                           if d > self.innermost and d in deps and lp.kind == LoopKind.UNROLL)
         self.hoisted_registers += copies * self._registers(deps)
         return deps if self.hoisted_registers <= HOISTED_REGISTERS else deps | {self.innermost}
 

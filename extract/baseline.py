@@ -3,7 +3,7 @@
     term = egglog_term(space)                     # e.g. the naive nest with the init fused in
     best = egglog_baseline(space, model, k=4)     # [(Candidate, predicted seconds), ...]
 
-Loop cost multiplies by trip counts and depends on the loops around it, so a per-node additive
+PieceLoop cost multiplies by trip counts and depends on the loops around it, so a per-node additive
 cost (what egglog's extractor minimizes) cannot see what makes a schedule fast (DESIGN.md,
 Extraction); this is the yardstick the search is compared against, not a way to find programs.
 egglog extracts structure only: the tile sizes are drawn at random and ranked by the model.
@@ -14,7 +14,8 @@ from __future__ import annotations
 import random
 
 from eqsched.egraph.space import Space
-from eqsched.egraph.term import BlockRef, Cached, Loop, PackRef, Term
+from eqsched.egraph.term import BlockRef, Cached, PackRef, PieceLoop, Term
+from eqsched.ir import LoopKind
 
 from .cost import CostModel
 from .search import Candidate, EvolutionarySearch
@@ -28,7 +29,7 @@ def egglog_term(space: Space) -> Term:
     # back with constructors that build Term pieces (no other names are visible to it).
     names = {
         "Root": _RootBuilder, "Body": _BodyBuilder, "Kind": _KindBuilder,
-        "loop": lambda group, path, kind, body: Loop(group, path, kind, body),
+        "loop": lambda group, path, kind, body: PieceLoop(group, path, kind, body),
         "block": BlockRef, "cached": lambda stage, body: Cached(stage, body),
     }
     packs, inlined, body = eval(text, {"__builtins__": {}}, names)  # noqa: S307
@@ -36,10 +37,10 @@ def egglog_term(space: Space) -> Term:
 
 
 class _KindBuilder:
-    serial = staticmethod(lambda: "serial")
-    vector = staticmethod(lambda: "vector")
-    unroll = staticmethod(lambda: "unroll")
-    parallel = staticmethod(lambda: "parallel")
+    serial = staticmethod(lambda: LoopKind.SERIAL.value)
+    vector = staticmethod(lambda: LoopKind.VECTOR.value)
+    unroll = staticmethod(lambda: LoopKind.UNROLL.value)
+    parallel = staticmethod(lambda: LoopKind.PARALLEL.value)
 
 
 class _BodyBuilder:

@@ -206,14 +206,14 @@ def _block_stats(prog: Program, site: Site) -> _BlockStats:
     points = math.prod(extents)
     trips = {kind: math.prod(lp.extent for lp in loops if lp.kind == kind) for kind in LoopKind}
     inner: Loop | None = loops[-1] if loops else None
-    vectorized = inner is not None and inner.kind == LoopKind.VECTORIZED
+    vectorized = inner is not None and inner.kind == LoopKind.VECTOR
     elem = _DTYPE_BYTES.get(prog.buffer(blk.buffer).dtype, 4)
     lanes = inner.extent if vectorized else 1
     lanes_per_register = VECTOR_BYTES // elem
     vector_registers = -(-lanes // lanes_per_register)
     unrolled = 1
     for lp in reversed(loops[:-1] if vectorized else loops):
-        if lp.kind != LoopKind.UNROLLED:
+        if lp.kind != LoopKind.UNROLL:
             break
         unrolled *= lp.extent
     registers = unrolled * vector_registers
@@ -239,7 +239,7 @@ def _block_stats(prog: Program, site: Site) -> _BlockStats:
     rolled_shares = _stride_shares(accs, rolled)
     unrolled_around_loops = math.prod(
         lp.extent for at, lp in enumerate(loops)
-        if lp.kind == LoopKind.UNROLLED and any(o.kind in _ROLLED for o in loops[at + 1:]))
+        if lp.kind == LoopKind.UNROLL and any(o.kind in _ROLLED for o in loops[at + 1:]))
 
     reuse_fit = [0.0, 0.0, 0.0]
     no_reuse, distance_log, ratio_log = 0, 0.0, 0.0
@@ -259,8 +259,8 @@ def _block_stats(prog: Program, site: Site) -> _BlockStats:
     values = (
         _log2(trips[LoopKind.SERIAL]),
         _log2(par_extent),
-        _log2(trips[LoopKind.UNROLLED]),
-        _log2(trips[LoopKind.VECTORIZED]),
+        _log2(trips[LoopKind.UNROLL]),
+        _log2(trips[LoopKind.VECTOR]),
         float(vectorized),
         lanes / (vector_registers * lanes_per_register) if vectorized else 0.0,
         _log2(unrolled * lanes),

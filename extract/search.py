@@ -57,7 +57,7 @@ def unrolled_copies(prog: Program) -> int:
     for blk in prog.blocks():
         copies = 1
         for lp in prog.enclosing(blk.name):
-            if lp.kind == LoopKind.UNROLLED:
+            if lp.kind == LoopKind.UNROLL:
                 copies *= lp.extent
         total += copies
     return total
@@ -65,7 +65,7 @@ def unrolled_copies(prog: Program) -> int:
 
 def _unrolled_chains(term: Term) -> list[tuple[tuple[str, str], ...]]:
     """Per block of the term, the symbols of the unrolled loops around it."""
-    return [tuple((lp.group, lp.path) for lp in outer if lp.kind == "unroll")
+    return [tuple((lp.group, lp.path) for lp in outer if lp.kind == LoopKind.UNROLL)
             for stmt, outer in walk(term.body) if isinstance(stmt, BlockRef)]
 
 

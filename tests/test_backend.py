@@ -25,7 +25,7 @@ from eqsched.ir import (
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.workloads import list_workloads
 
-S, U, V, P = LoopKind.SERIAL, LoopKind.UNROLLED, LoopKind.VECTORIZED, LoopKind.PARALLEL
+S, U, V, P = LoopKind.SERIAL, LoopKind.UNROLL, LoopKind.VECTOR, LoopKind.PARALLEL
 rng = np.random.default_rng(0)
 
 

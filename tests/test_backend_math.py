@@ -20,7 +20,7 @@ def unary_programs(fn: str, n: int) -> tuple[Program, Program]:
     scalar = naive_program(te.Computation(fn, [y]))
     block = replace(scalar.blocks()[0],
                     bindings=(Binding("i", (("Y.i.0", LANES), ("Y.i.1", 1))),))
-    loops = [("Y.i.0", n // LANES, LoopKind.SERIAL), ("Y.i.1", LANES, LoopKind.VECTORIZED)]
+    loops = [("Y.i.0", n // LANES, LoopKind.SERIAL), ("Y.i.1", LANES, LoopKind.VECTOR)]
     return scalar, scalar.with_body(nest(loops, (block,)))
 
 

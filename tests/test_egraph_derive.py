@@ -10,7 +10,7 @@ import pytest
 from eqsched.backend import compile_program
 from eqsched.egraph.derive import DeriveError, derive, path_suffix, realize
 from eqsched.egraph.encode import encode
-from eqsched.egraph.term import BlockRef, Cached, Loop, PackRef, Term, pack_symbol
+from eqsched.egraph.term import BlockRef, Cached, PackRef, PieceLoop, Term, pack_symbol
 from eqsched.ir import Program, naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.schedule import Schedule
@@ -21,7 +21,7 @@ from hand_schedule import packed_register_tile  # noqa: E402
 
 
 def L(group, path, *body, kind="serial"):  # noqa: N802 - reads like the term it builds
-    return Loop(group, path, kind, tuple(body))
+    return PieceLoop(group, path, kind, tuple(body))
 
 
 def naive(name, *size):

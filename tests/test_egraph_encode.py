@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from eqsched.egraph.encode import EncodeError, encode, parse_loop
-from eqsched.egraph.term import BlockRef, Cached, Loop, PackRef, Term, pack_symbol, show, symbols
+from eqsched.egraph.term import (
+    BlockRef,
+    Cached,
+    PackRef,
+    PieceLoop,
+    Term,
+    pack_symbol,
+    show,
+    symbols,
+)
 from eqsched.ir import naive_program
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
@@ -55,8 +64,8 @@ def test_hand_schedule_is_a_cached_packed_tile_with_vector_and_unroll_kinds():
     (cached,) = tile_loop.body
     assert isinstance(cached, Cached) and cached.stage == "C"
     init, update = cached.body  # the C.write copy nest is implied by Cached
-    assert init == Loop("C.i", "1/2", "unroll", (Loop("C.j", "1/3", "unroll", (
-        Loop("C.j", "2/3", "vector", (BlockRef("C.init"),)),)),))
+    assert init == PieceLoop("C.i", "1/2", "unroll", (PieceLoop("C.j", "1/3", "unroll", (
+        PieceLoop("C.j", "2/3", "vector", (BlockRef("C.init"),)),)),))
     assert (update.group, update.path) == ("C.k", "")
     assert symbols(term) == set(sizes)
     assert sizes[("C.j", "2/3")] == 16 and sizes[("C.i", "1/2")] == 8

@@ -8,8 +8,8 @@ from eqsched.egraph.lang import SERIALIZED_OPS, root_expr
 from eqsched.egraph.term import (
     BlockRef,
     Cached,
-    Loop,
     PackRef,
+    PieceLoop,
     Term,
     extent_allowed,
     pack_symbol,
@@ -20,9 +20,9 @@ from eqsched.egraph.term import (
 )
 
 TILED = Term(
-    (Loop("C.i", "0/2", "serial", (
-        Loop("C.i", "1/2", "unroll", (
-            Cached("C", (Loop("C.j", "", "vector", (BlockRef("C.update"),)),)),)),)),),
+    (PieceLoop("C.i", "0/2", "serial", (
+        PieceLoop("C.i", "1/2", "unroll", (
+            Cached("C", (PieceLoop("C.j", "", "vector", (BlockRef("C.update"),)),)),)),)),),
     inlined=("D",),
     packs=(PackRef("C.update", "B", 1),),
 )

@@ -192,7 +192,7 @@ def test_a_consumer_reading_past_what_this_iteration_wrote_is_rejected():
 
 def test_loop_kind_rules():
     prog = naive("matmul", 4, 4, 96)
-    kinds = {"C.k": LoopKind.UNROLLED}
+    kinds = {"C.k": LoopKind.UNROLL}
     annotated = prog.with_body(map_nodes(
         prog.body, lambda n: replace(n, kind=kinds[n.name]) if isinstance(n, Loop)
         and n.name in kinds else None))

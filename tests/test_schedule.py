@@ -231,7 +231,7 @@ def test_vectorize_unroll_parallel_set_loop_kinds():
     sch.parallel("C.i.0")
     sch.vectorize("C.init.j")
     kinds = {lp.name: lp.kind for lp in sch.program.loops()}
-    assert kinds["C.j"] == LoopKind.VECTORIZED and kinds["C.i.1"] == LoopKind.UNROLLED
+    assert kinds["C.j"] == LoopKind.VECTOR and kinds["C.i.1"] == LoopKind.UNROLL
     assert kinds["C.i.0"] == LoopKind.PARALLEL
     assert_computes(sch.program, comp)
 
@@ -285,8 +285,8 @@ def test_cache_write_without_init_copies_the_tile_in_and_out():
     sch.cache_write("C.update", at="C.j.0")
     prog = sch.program
     loops = {lp.name: lp for lp in prog.loops()}
-    assert loops["C.read.j.1"].kind == LoopKind.VECTORIZED
-    assert loops["C.write.j.1"].kind == LoopKind.VECTORIZED
+    assert loops["C.read.j.1"].kind == LoopKind.VECTOR
+    assert loops["C.write.j.1"].kind == LoopKind.VECTOR
     assert_computes(prog, comp)
 
 

@@ -28,7 +28,7 @@ class FewestScalarIterations(CostModel):
                 loops = prog.enclosing(blk.name)
                 n = 1
                 for lp in loops:
-                    n *= 1 if lp.kind == LoopKind.VECTORIZED else lp.extent
+                    n *= 1 if lp.kind == LoopKind.VECTOR else lp.extent
                 total += n
             out.append(float(total))
         return np.array(out)
@@ -59,7 +59,7 @@ def test_the_model_steers_the_search(space):
     randoms = [EvolutionarySearch(space, model, seed=s).random_candidate() for s in range(10)]
     scores = model.predict([c.program for c in randoms])
     assert model.predict([best.program])[0] <= scores.min()
-    assert any(lp.kind == LoopKind.VECTORIZED for lp in best.program.loops())
+    assert any(lp.kind == LoopKind.VECTOR for lp in best.program.loops())
 
 
 def test_measured_programs_are_not_proposed_again(space):

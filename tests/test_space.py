@@ -20,8 +20,8 @@ from eqsched.egraph.space import Space, SpaceError
 from eqsched.egraph.term import (
     BlockRef,
     Cached,
-    Loop,
     PackRef,
+    PieceLoop,
     Term,
     extent_allowed,
     pack_symbol,
@@ -37,7 +37,7 @@ NAIVE = naive_program(get_workload("matmul").build(4, 16, 2))  # C.i 4, C.j 16, 
 
 
 def L(group, path, *body, kind="serial"):  # noqa: N802 - reads like the term it builds
-    return Loop(group, path, kind, tuple(body))
+    return PieceLoop(group, path, kind, tuple(body))
 
 
 INIT, UPDATE = BlockRef("C.init"), BlockRef("C.update")
@@ -121,7 +121,7 @@ def brute_force(sp: Space) -> set:
                         yield tail[0], tail[1], (head,) + tail[2]
             elif op == "loop":
                 for body in choices(ch[3]):
-                    yield Loop(leaf(ch[0]), leaf(ch[1]), leaf(ch[2]), body)
+                    yield PieceLoop(leaf(ch[0]), leaf(ch[1]), leaf(ch[2]), body)
             elif op == "cached":
                 for body in choices(ch[1]):
                     yield Cached(leaf(ch[0]), body)
@@ -135,7 +135,7 @@ def brute_force(sp: Space) -> set:
 
     def valid(term, sizes):
         for s, _ in walk(term.body):
-            if isinstance(s, Loop) and not extent_allowed(s.kind, sizes[(s.group, s.path)]):
+            if isinstance(s, PieceLoop) and not extent_allowed(s.kind, sizes[(s.group, s.path)]):
                 return False
         for group, extent in sp.facts.extents.items():
             used = {p for g, p in sizes if g == group}

@@ -110,7 +110,7 @@ class _FunctionEmitter:
             )
         if loop.kind == LoopKind.SERIAL:
             self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, loop.extent))
-        elif loop.kind == LoopKind.UNROLLED:
+        elif loop.kind == LoopKind.UNROLL:
             for value in range(loop.extent):
                 self.ix.enter(loop, value)
                 self._nodes(loop.body)

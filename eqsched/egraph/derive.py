@@ -29,14 +29,25 @@ from __future__ import annotations
 
 import math
 
-from ..ir import Program
+from ..ir import LoopKind, Program
 from ..legality import ScheduleError, check_program
 from ..schedule import Schedule
 from .encode import encode
 from .facts import Facts, facts_of
-from .term import BlockRef, Cached, Loop, Sizes, Stmt, Term, pack_symbol, show, split_path, walk
+from .term import (
+    BlockRef,
+    Cached,
+    PieceLoop,
+    Sizes,
+    Stmt,
+    Term,
+    pack_symbol,
+    show,
+    split_path,
+    walk,
+)
 
-ANNOTATE = {"vector": "vectorize", "unroll": "unroll", "parallel": "parallel"}
+ANNOTATE = {LoopKind.VECTOR: "vectorize", LoopKind.UNROLL: "unroll", LoopKind.PARALLEL: "parallel"}
 
 
 class DeriveError(ValueError):
@@ -120,9 +131,9 @@ class _Derivation:
         self.checked, self.verify = checked, verify
         self.facts = facts_of(naive)
         self.sch = Schedule(naive, checked=checked)
-        self.names: dict[int, str] = {}  # id(term Loop) -> program loop name
+        self.names: dict[int, str] = {}  # id(term PieceLoop) -> program loop name
         self.chains = {s.name: outer for s, outer in walk(term.body) if isinstance(s, BlockRef)}
-        self.loops = [s for s, _ in walk(term.body) if isinstance(s, Loop)]
+        self.loops = [s for s, _ in walk(term.body) if isinstance(s, PieceLoop)]
         self.naive_loop = {(blk.name, b.axis): b.terms[0][0]
                            for blk in naive.blocks() for b in blk.bindings}
 
@@ -137,7 +148,7 @@ class _Derivation:
         for stmt in self.term.body:
             self._build_root(stmt)
         for s, _ in walk(self.term.body):
-            if isinstance(s, Loop) and s.kind != "serial":
+            if isinstance(s, PieceLoop) and s.kind != LoopKind.SERIAL:
                 op = ANNOTATE[s.kind]
                 self._step(f"{show(Term((s,)))}", getattr(self.sch, op), self.names[id(s)])
         for s, outer in walk(self.term.body):
@@ -201,7 +212,7 @@ class _Derivation:
         self._shape(name, chain[depth + 1:])
         return True
 
-    def _shape(self, block: str, own: tuple[Loop, ...]) -> None:
+    def _shape(self, block: str, own: tuple[PieceLoop, ...]) -> None:
         """Split the block's loops into the pieces `own` names and put them in `own`'s order."""
         targets = []
         for lp in own:
@@ -232,7 +243,7 @@ class _Derivation:
 
     # ---- annotations ----------------------------------------------------------------------
 
-    def _cache_write(self, cached: Cached, outer: tuple[Loop, ...]) -> None:
+    def _cache_write(self, cached: Cached, outer: tuple[PieceLoop, ...]) -> None:
         where = f"cached:{cached.stage}"
         if not outer or outer[-1].body != (cached,):
             raise DeriveError(f"{where}: cache_write needs a loop whose only child is the tile")

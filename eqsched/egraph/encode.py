@@ -19,13 +19,20 @@ no block left were inlined (listed in stage order). Anything else raises EncodeE
 from __future__ import annotations
 
 from ..expr import Load, Var
-from ..ir import Alloc, Binding, Block, Loop, LoopKind, Node, Program, naive_program, walk
+from ..ir import Alloc, Binding, Block, Loop, Node, Program, naive_program, walk
 from .facts import Facts, facts_of
-from .term import BlockRef, Cached, PackRef, Sizes, Stmt, Term, pack_symbol, split_path
-from .term import Loop as TermLoop
+from .term import (
+    BlockRef,
+    Cached,
+    PackRef,
+    PieceLoop,
+    Sizes,
+    Stmt,
+    Term,
+    pack_symbol,
+    split_path,
+)
 
-KIND_OF = {LoopKind.SERIAL: "serial", LoopKind.VECTORIZED: "vector",
-           LoopKind.UNROLLED: "unroll", LoopKind.PARALLEL: "parallel"}
 LOCAL_SUFFIX = ".local"
 PACKED_SUFFIX = "_packed"
 
@@ -104,7 +111,7 @@ class _Encoder:
             return self._cached(node)
         group, path = self._piece(node)
         self._record((group, path), node.extent, f"loop {node.name}")
-        return TermLoop(group, path, KIND_OF[node.kind], tuple(self._stmt(n) for n in node.body))
+        return PieceLoop(group, path, node.kind.value, tuple(self._stmt(n) for n in node.body))
 
     def _cached(self, alloc: Alloc) -> Cached:
         if not alloc.buffer.endswith(LOCAL_SUFFIX):

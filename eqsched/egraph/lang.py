@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from egglog import Expr, StringLike, function, i64Like, relation
 
-from .term import BlockRef, Cached, Loop, Stmt, Term
+from ..ir import LoopKind
+from .term import BlockRef, Cached, PieceLoop, Stmt, Term
 
 
 class Kind(Expr):
@@ -80,10 +81,10 @@ program_root = relation("program_root", Root)
 
 
 KIND_EXPR = {
-    "serial": Kind.serial,
-    "vector": Kind.vector,
-    "unroll": Kind.unroll,
-    "parallel": Kind.parallel,
+    LoopKind.SERIAL: Kind.serial,
+    LoopKind.VECTOR: Kind.vector,
+    LoopKind.UNROLL: Kind.unroll,
+    LoopKind.PARALLEL: Kind.parallel,
 }
 # Operator names as they appear in egglog's serialized JSON, mapped to our vocabulary.
 SERIALIZED_OPS = {
@@ -102,7 +103,7 @@ def body_expr(stmts: tuple[Stmt, ...]) -> Body:
 
 
 def stmt_expr(s: Stmt) -> SStmt:
-    if isinstance(s, Loop):
+    if isinstance(s, PieceLoop):
         return loop(s.group, s.path, KIND_EXPR[s.kind](), body_expr(s.body))
     if isinstance(s, BlockRef):
         return block(s.name)

@@ -54,7 +54,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..ir import Program
+from ..ir import LoopKind, Program
 from .facts import Facts
 from .lang import SERIALIZED_OPS
 from .saturate import Limits, RewriteRule, saturate
@@ -62,8 +62,8 @@ from .term import (
     KINDS,
     BlockRef,
     Cached,
-    Loop,
     PackRef,
+    PieceLoop,
     Sizes,
     Stmt,
     Term,
@@ -116,7 +116,7 @@ class _Profiles:
 def _constraint(kind: str) -> str:
     """What a loop kind asks of its extent. Kinds that ask nothing share one value, so keys
     differing only in them (a parallel or a serial outer loop) are counted together."""
-    return kind if kind in ("vector", "unroll") else ""
+    return kind if kind in (LoopKind.VECTOR, LoopKind.UNROLL) else ""
 
 
 def _allowed(op: str, phase: int) -> bool:
@@ -763,7 +763,7 @@ class Space:
         for i, node in enumerate(self._slot_nodes(slot)):
             if isinstance(stmt, BlockRef) and node.op == "block":
                 ok = node.literals == (stmt.name,)
-            elif isinstance(stmt, Loop) and node.op == "loop":
+            elif isinstance(stmt, PieceLoop) and node.op == "loop":
                 ok = node.literals == (stmt.group, stmt.path, stmt.kind) \
                     and self._match_body(node.children[0], stmt.body) is not None
             elif isinstance(stmt, Cached) and node.op == "cached":
@@ -871,7 +871,7 @@ def _build(node: _Node, values: list) -> Any:
     if op == "cons":
         return (values[0],) + values[1]
     if op == "loop":
-        return Loop(lit[0], lit[1], lit[2], values[0])
+        return PieceLoop(lit[0], lit[1], lit[2], values[0])
     if op == "block":
         return BlockRef(lit[0])
     if op == "cached":
@@ -888,7 +888,7 @@ def _build(node: _Node, values: list) -> Any:
 
 def _key_of(term: Term) -> Key:
     key = {(s.group, s.path, _constraint(s.kind)) for s, _ in walk(term.body)
-           if isinstance(s, Loop)}
+           if isinstance(s, PieceLoop)}
     key |= {(f"pack:{p.buffer}", "", f"pack:{p.dim}") for p in term.packs}
     return frozenset(key)
 

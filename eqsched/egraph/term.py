@@ -11,7 +11,7 @@ path names a part of the group's extent by the splits that made it: "" is the wh
 "0/4".."3/4" are the pieces of a 4-way split (outer to inner); "1/4.0/2" is piece 0 of a 2-way
 split of "1/4". Sibling pieces multiply to their parent's extent.
 
-    Stmt  = Loop(group, path, kind, body) | BlockRef(name) | Cached(stage, body)
+    Stmt  = PieceLoop(group, path, kind, body) | BlockRef(name) | Cached(stage, body)
     Root  = the program's top-level statements, plus program-level facts: inlined stages and
             packed operands (PackRef), which have no place in the loop tree.
 """
@@ -20,11 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("serial", "vector", "unroll", "parallel")
+from ..ir import LoopKind
+
+# A piece loop's kind is a LoopKind value, kept as a plain str: terms are hashed and ordered by
+# their text, which must not depend on how a kind was spelled in Python.
+KINDS = tuple(k.value for k in (LoopKind.SERIAL, LoopKind.VECTOR, LoopKind.UNROLL,
+                                LoopKind.PARALLEL))
 
 
 @dataclass(frozen=True)
-class Loop:
+class PieceLoop:
     group: str
     path: str
     kind: str
@@ -45,7 +50,7 @@ class Cached:
     body: tuple[Stmt, ...]
 
 
-Stmt = Loop | BlockRef | Cached
+Stmt = PieceLoop | BlockRef | Cached
 
 
 @dataclass(frozen=True)
@@ -84,18 +89,18 @@ def parent_path(path: str) -> tuple[str, int, int]:
     return head, int(index), int(ways)
 
 
-def walk(stmts: tuple[Stmt, ...], outer: tuple[Loop, ...] = ()):
+def walk(stmts: tuple[Stmt, ...], outer: tuple[PieceLoop, ...] = ()):
     """Pre-order (stmt, enclosing loops) pairs."""
     for s in stmts:
         yield s, outer
-        if isinstance(s, Loop):
+        if isinstance(s, PieceLoop):
             yield from walk(s.body, outer + (s,))
         elif isinstance(s, Cached):
             yield from walk(s.body, outer)
 
 
 def symbols(term: Term) -> set[Symbol]:
-    out = {(s.group, s.path) for s, _ in walk(term.body) if isinstance(s, Loop)}
+    out = {(s.group, s.path) for s, _ in walk(term.body) if isinstance(s, PieceLoop)}
     return out | {pack_symbol(p.buffer) for p in term.packs}
 
 
@@ -107,7 +112,7 @@ def show(term: Term) -> str:
             return s.name
         if isinstance(s, Cached):
             return f"cached:{s.stage}{{{' ; '.join(stmt(x) for x in s.body)}}}"
-        k = "" if s.kind == "serial" else f"@{s.kind}"
+        k = "" if s.kind == LoopKind.SERIAL else f"@{s.kind}"
         return f"{s.group}[{s.path}]{k}{{{' ; '.join(stmt(x) for x in s.body)}}}"
 
     extra = [f"inline:{x}" for x in term.inlined]
@@ -122,8 +127,8 @@ MAX_UNROLL_EXTENT = 16
 
 
 def extent_allowed(kind: str, extent: int) -> bool:
-    if kind == "vector":
+    if kind == LoopKind.VECTOR:
         return extent in VECTOR_LANES
-    if kind == "unroll":
+    if kind == LoopKind.UNROLL:
         return extent <= MAX_UNROLL_EXTENT
     return True
