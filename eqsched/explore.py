@@ -6,10 +6,14 @@
 Every round the search (`eqsched.extract.search`) proposes a batch the run has not tried yet; each
 candidate is looked up in the database first (same workload, program and machine: its stored
 measurement is used, nothing is run) and otherwise measured in a worker process, checked against
-the numpy reference before it is timed, and stored at once. The cost model then learns from the
+the numpy reference before it is timed, and stored at once (`eqsched.trials`: the settings, the
+measurement key, measuring or looking up one candidate). The cost model then learns from the
 batch and the next round is ranked with it. A candidate looked up counts as a trial like a
 measured one, so re-running the same exploration (same seed, same database) walks the same path
 and measures nothing new; an interrupted run resumes where it stopped.
+
+While a round is measured the next one is searched (`_Exploration.rounds`), but never while a
+candidate is timed (`trials.TimingGate`); the proposals are the same as if it searched after.
 
 Only correct programs can be the best. Wall-clock budgets (`seconds`) end a run early and so make
 it depend on the machine's speed; the trial budget alone keeps it deterministic given the
@@ -28,33 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from . import machine
-from .db import Database, Record
-from .egraph.derive import DeriveError, derive
+from .db import Database
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
-from .egraph.term import show
-from .extract import cost_model_for
+from .extract import Candidate, CostModel, EvolutionarySearch, cost_model_for
+from .extract.cost import kendall, spearman
 from .ir import Program, naive_program
-from .runner import Measurement, measure
-from .trials import Settings, has_parallel_loops, measurement_key
+from .trials import Measurer, Settings, TimingGate, Trial, has_parallel_loops
 from .workloads import get_workload
 
 DEFAULT_DB = "eqsched.db"
-
-
-@dataclass
-class Trial:
-    """One candidate of the run, measured now or found in the database."""
-
-    round: int
-    program_hash: str
-    structure: str
-    predicted_s: float
-    median_s: float | None
-    gflops: float | None
-    correct: bool | None
-    error: str | None
-    cached: bool  # found in the database: not measured by this run
+__all__ = ["DEFAULT_DB", "ExploreResult", "Progress", "Round", "Settings", "Trial", "explore"]
 
 
 @dataclass
@@ -131,11 +119,9 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             measure_naive: bool = True, progress: Progress | None = None) -> ExploreResult:
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for
     `trials` candidates and/or `seconds` of wall time; see the module docstring."""
-    from .extract.cost import kendall, spearman
-    from .extract.search import EvolutionarySearch
     from .rules import resolve
 
-    started = time.perf_counter()
+    budget = _Budget(trials, seconds, batch, started=time.perf_counter())
     if trials < 1 or batch < 1 or jobs < 1:
         raise ValueError(f"trials, batch and jobs must be >= 1, got {trials}, {batch}, {jobs}")
     wl = get_workload(workload)
@@ -155,174 +141,198 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
                            {"trials": trials, "seconds": seconds, "batch": batch},
                            db_path=str(getattr(database, "path", db)))
     say("saturating", {"workload": wl.name, "size": list(size)})
-    sat = saturate(naive, chosen_rules, limits)
-    space = Space(sat)
-    rep = sat.report
-    result.space = {"stop_reason": rep.stop_reason, "seconds": rep.seconds, "enodes": rep.enodes,
-                    "eclasses": rep.eclasses, "programs": space.count()}
+    space, result.space = _saturate(naive, chosen_rules, limits)
     facts = machine.describe()  # with the measured FMA peak (once per process)
     result.run_id = database.start_run(
         workload=wl.name, size=list(size), seed=seed, budget=result.budget,
         rules=result.rules, cost_model=model.name, machine=facts,
         versions=facts.get("versions", {}), config=asdict(settings))
-    # The search runs beside the measurements (see below) but never while a candidate is timed:
-    # its memory traffic slowed mm_exp_mm's timings by up to 30%, and unevenly.
-    timing_lock, timing_now, quiet = threading.Lock(), [0], threading.Event()
-    quiet.set()
-
-    def on_timing(started: bool) -> None:
-        with timing_lock:
-            timing_now[0] += 1 if started else -1
-            (quiet.clear if timing_now[0] else quiet.set)()
-
-    # A first-round population predicted at half of one core's peak or better needs no more
-    # islands (half of all cores' peak kept conv2d at three islands on two cores).
-    search = EvolutionarySearch(
-        space, model, seed=seed, wait_turn=quiet.wait,
-        settled_s=naive.computation.flops / (0.5 * facts["peak_gflops_per_core"] * 1e9))
-    measured: set[str] = set()
-    elites: list = []  # measured correct candidates, fastest first
-    times_of: dict[str, float] = {}
-    best_program = None
-
-    def run_one(job: tuple[int, Any, float], round_index: int) -> Trial:
-        worker, cand, predicted = job
-        key = measurement_key(cand.program, settings)
-        stored = database.lookup(wl.name, list(size), key)
-        if stored is not None:
-            return Trial(round_index, cand.hash, show(cand.term), predicted, stored.median_s,
-                         stored.gflops, stored.correct, stored.error, cached=True)
-        try:
-            trace = derive(cand.term, cand.sizes, naive)
-        except DeriveError as err:
-            # Only replayable programs may be reported; this one is recorded as an error.
-            trace, m = [], Measurement(correct=None, error=f"no replayable trace: {err}")
-        else:
-            m = measure(cand.program, repeats=settings.repeats, warmup=settings.warmup,
-                        timeout_s=settings.timeout_s, seed=settings.input_seed,
-                        time_budget_s=settings.time_budget_s, min_repeats=settings.min_repeats,
-                        worker=worker, on_timing=on_timing,
-                        options=settings.options())
-        record = Record(
-            workload=wl.name, size=list(size), program_hash=key, structure=show(cand.term),
-            sizes={f"{g}|{p}": e for (g, p), e in cand.sizes.items()},
-            trace=trace, times=m.times, median_s=m.median_s,
-            gflops=m.gflops, correct=m.correct, error=m.error or (
-                None if m.correct is not False else f"wrong result: {m.check_message}"),
-            predicted_s=predicted, round=round_index, run_id=result.run_id)
-        database.add(record)
-        return Trial(round_index, cand.hash, record.structure, predicted, m.median_s, m.gflops,
-                     m.correct, record.error, cached=False)
-
-    pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
-    # While a round is measured (in worker processes) the next one is searched, so round r + 1
-    # is ranked with what rounds up to r - 1 taught the model. The search waits instead when
-    # every core already measures; the proposals are the same either way.
-    overlap = jobs < (os.cpu_count() or 1)
-    measuring = ThreadPoolExecutor(1)
-    stop = threading.Event()
-    status = "running"
-    proposed: list = []
-    done: list[Trial] = []
-    round_index, round_started = 0, time.perf_counter()
-
-    def measure_round(proposed: list, round_index: int, into: list[Trial]) -> None:
-        jobs_ = [(i % jobs, c, p) for i, (c, p) in enumerate(proposed)]
-        if pool is None:
-            for job in jobs_:
-                if stop.is_set():
-                    return
-                into.append(run_one(job, round_index))
-        else:
-            into.extend(pool.map(lambda j: run_one(j, round_index), jobs_))
-
-    def next_batch(planned: int) -> list:
-        left = trials - len(result.trials) - planned
-        if left <= 0 or (seconds is not None and time.perf_counter() - started > seconds):
-            return []
-        return search.propose(min(batch, left), exclude=measured, elites=elites[:8])
-
-    def close_round(whole: bool) -> None:
-        nonlocal elites, best_program
-        by_hash = {c.hash: c for c, _ in proposed}
-        good = [t for t in done if t.correct and t.median_s]
-        model.update([by_hash[t.program_hash].program for t in good], [t.median_s for t in good])
-        for t in good:
-            if result.best is None or t.median_s < result.best.median_s:
-                result.best, best_program = t, by_hash[t.program_hash]
-        times_of.update((t.program_hash, t.median_s) for t in good)
-        elites = sorted([*elites, *(by_hash[t.program_hash] for t in good)],
-                        key=lambda c: times_of[c.hash])
-        predicted, times = [t.predicted_s for t in good], [t.median_s for t in good]
-        result.rounds.append(Round(
-            round_index, list(done), spearman(predicted, times) if whole else None,
-            kendall(predicted, times) if whole else None,
-            result.best.gflops if result.best else None, time.perf_counter() - round_started))
-
+    gate = TimingGate()
+    search = _search(space, model, seed, gate, facts["peak_gflops_per_core"])
+    measurer = Measurer(database, wl.name, list(size), naive, settings, result.run_id, gate)
+    run = _Exploration(result, model, search, measurer, budget, facts["peak_gflops_per_core"],
+                       jobs, say)
     try:
-        if measure_naive:
-            result.naive_median_s = _naive_time(database, naive, wl.name, list(size), settings,
-                                                result.run_id)
-        proposed = next_batch(0)
-        while proposed:
-            measured |= {c.hash for c, _ in proposed}
-            flight = measuring.submit(measure_round, proposed, round_index, done)
-            if not overlap:
-                flight.result()
-            upcoming = next_batch(len(proposed))
-            flight.result()
-            close_round(whole=True)
-            finished, done = done, []
-            say("round", {"round": round_index, "trials": len(result.trials), "of": trials,
-                          "best_gflops": result.rounds[-1].best_gflops,
-                          "spearman": result.rounds[-1].spearman,
-                          "measured": sum(not t.cached for t in finished)})
-            proposed = upcoming
-            round_index, round_started = round_index + 1, time.perf_counter()
-        if len(result.trials) < trials and not (
-                seconds is not None and time.perf_counter() - started > seconds):
-            say("exhausted", {"trials": len(result.trials)})
-    except KeyboardInterrupt:
-        result.interrupted = True
-    except Exception:
-        status = "failed"  # every measurement so far is stored; the run says it did not finish
-        raise
+        run.run(measure_naive)
     finally:
-        stop.set()  # the round in flight ends after the measurement in progress
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-        measuring.shutdown(cancel_futures=True)
-        if done:  # a round an interrupt cut short: its finished trials count
-            close_round(whole=False)
-        if best_program is not None:
-            result.best_program = best_program.program
-            parallel = has_parallel_loops(best_program.program)
-            cores = settings.options().thread_count if parallel else 1
-            result.peak_gflops = facts["peak_gflops_per_core"] * cores
-            result.best_trace = derive(best_program.term, best_program.sizes, naive)
-        result.wall_s = time.perf_counter() - started
-        summary = {k: v for k, v in result.to_json().items()
-                   if k in ("trials", "measured", "best_gflops", "best_median_s", "best_hash",
-                            "wall_s", "naive_median_s", "peak_gflops", "percent_of_peak",
-                            "speedup_over_naive", "space")}
-        if status != "failed":
-            status = "interrupted" if result.interrupted else "done"
-        database.finish_run(result.run_id, status=status, summary=summary)
         if not isinstance(db, Database):
             database.close()
     return result
 
 
-def _naive_time(database: Database, naive: Program, workload: str, size: list[int],
-                settings: Settings, run_id: int) -> float | None:
-    """The naive program's median time (for the speedup), measured once per machine."""
-    stored = database.lookup(workload, size, naive.hash())
-    if stored is None:
-        m = measure(naive, repeats=1, warmup=0, timeout_s=settings.timeout_s,
-                    seed=settings.input_seed, options=settings.options())
-        stored = Record(workload=workload, size=size, program_hash=naive.hash(),
-                        structure="naive", sizes={}, trace=[], times=m.times,
-                        median_s=m.median_s, gflops=m.gflops, correct=m.correct, error=m.error,
-                        run_id=run_id)
-        database.add(stored)
-    return stored.median_s if stored.correct else None
+@dataclass
+class _Budget:
+    trials: int
+    seconds: float | None
+    batch: int
+    started: float  # time.perf_counter() at the start of the run
+
+    def out_of_time(self) -> bool:
+        return self.seconds is not None and time.perf_counter() - self.started > self.seconds
+
+
+def _saturate(naive: Program, rules: list, limits: Limits | None
+              ) -> tuple[Space, dict[str, Any]]:
+    """The space of `naive` under `rules`, and what to report of the saturation."""
+    sat = saturate(naive, rules, limits)
+    space = Space(sat)
+    rep = sat.report
+    return space, {"stop_reason": rep.stop_reason, "seconds": rep.seconds, "enodes": rep.enodes,
+                   "eclasses": rep.eclasses, "programs": space.count()}
+
+
+def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
+            peak_gflops_per_core: float) -> EvolutionarySearch:
+    """The run's search: it waits while a candidate is timed. A first-round population predicted
+    at half of one core's peak or better needs no more islands (half of all cores' peak kept
+    conv2d at three islands on two cores)."""
+    return EvolutionarySearch(
+        space, model, seed=seed, wait_turn=gate.wait_turn,
+        settled_s=space.naive.computation.flops / (0.5 * peak_gflops_per_core * 1e9))
+
+
+class _Exploration:
+    """One run of `explore`: its search, measurer and result, and what it learned so far."""
+
+    def __init__(self, result: ExploreResult, model: CostModel, search: EvolutionarySearch,
+                 measurer: Measurer, budget: _Budget, peak_gflops_per_core: float, jobs: int,
+                 say: Progress):
+        self.result, self.model, self.search, self.measurer = result, model, search, measurer
+        self.budget, self.peak_gflops_per_core, self.jobs, self.say = (
+            budget, peak_gflops_per_core, jobs, say)
+        self.tried: set[str] = set()  # every candidate proposed so far (hashes)
+        self.elites: list[Candidate] = []  # measured correct candidates, fastest first
+        self.times_of: dict[str, float] = {}
+        self.best: Candidate | None = None  # the candidate of result.best
+        self.pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
+        # While a round is measured (in worker processes) the next one is searched, so round
+        # r + 1 is ranked with what rounds up to r - 1 taught the model. The search waits instead
+        # when every core already measures; the proposals are the same either way.
+        self.overlap = jobs < (os.cpu_count() or 1)
+        self.measuring = ThreadPoolExecutor(1)
+        self.stop = threading.Event()
+        self.proposed: list[tuple[Candidate, float]] = []  # the round being measured
+        self.done: list[Trial] = []  # its trials measured so far
+        self.round_index, self.round_started = 0, time.perf_counter()
+
+    def run(self, measure_naive: bool) -> None:
+        """The naive time and the rounds; then, however they ended, the result and the run's
+        status (done, interrupted or failed) in the database."""
+        status = "running"
+        try:
+            if measure_naive:
+                self.result.naive_median_s = self.measurer.naive_median_s()
+            self.rounds()
+        except KeyboardInterrupt:
+            self.result.interrupted = True
+        except Exception:
+            status = "failed"  # every measurement so far is stored; the run says it did not finish
+            raise
+        finally:
+            self.stop_measuring()
+            if self.done:  # a round an interrupt cut short: its finished trials count
+                self.close_round(whole=False)
+            self.finish_result()
+            if status != "failed":
+                status = "interrupted" if self.result.interrupted else "done"
+            self.measurer.database.finish_run(self.result.run_id, status=status,
+                                              summary=_summary(self.result))
+
+    def rounds(self) -> None:
+        """Propose, measure (searching the next round meanwhile), learn; until the budget is
+        spent or the search has nothing new."""
+        self.proposed = self.next_batch(0)
+        while self.proposed:
+            self.tried |= {c.hash for c, _ in self.proposed}
+            flight = self.measuring.submit(self.measure_round, self.proposed, self.round_index,
+                                           self.done)
+            if not self.overlap:
+                flight.result()
+            upcoming = self.next_batch(len(self.proposed))
+            flight.result()
+            self.close_round(whole=True)
+            finished, self.done = self.done, []
+            self.report_round(finished)
+            self.proposed = upcoming
+            self.round_index, self.round_started = self.round_index + 1, time.perf_counter()
+        if len(self.result.trials) < self.budget.trials and not self.budget.out_of_time():
+            self.say("exhausted", {"trials": len(self.result.trials)})
+
+    def next_batch(self, planned: int) -> list[tuple[Candidate, float]]:
+        """The next round's proposals, with `planned` trials not yet in the result."""
+        left = self.budget.trials - len(self.result.trials) - planned
+        if left <= 0 or self.budget.out_of_time():
+            return []
+        return self.search.propose(min(self.budget.batch, left), exclude=self.tried,
+                                   elites=self.elites[:8])
+
+    def measure_round(self, proposed: list[tuple[Candidate, float]], round_index: int,
+                      into: list[Trial]) -> None:
+        """Measure or look up a round's candidates into `into`: one by one (stopping between two
+        when told to), or all at once on the pool's jobs."""
+        jobs = [(i % self.jobs, c, p) for i, (c, p) in enumerate(proposed)]
+        if self.pool is None:
+            for worker, cand, predicted in jobs:
+                if self.stop.is_set():
+                    return
+                into.append(self.measurer.trial(cand, predicted, round_index, worker))
+        else:
+            into.extend(self.pool.map(
+                lambda job: self.measurer.trial(job[1], job[2], round_index, job[0]), jobs))
+
+    def close_round(self, whole: bool) -> None:
+        """Learn from the round's correct trials and record the round (its rank correlations
+        only when `whole`: every proposal measured)."""
+        by_hash = {c.hash: c for c, _ in self.proposed}
+        good = [t for t in self.done if t.correct and t.median_s]
+        self.learn([(by_hash[t.program_hash], t) for t in good])
+        predicted, times = [t.predicted_s for t in good], [t.median_s for t in good]
+        best = self.result.best
+        self.result.rounds.append(Round(
+            self.round_index, list(self.done), spearman(predicted, times) if whole else None,
+            kendall(predicted, times) if whole else None,
+            best.gflops if best else None, time.perf_counter() - self.round_started))
+
+    def learn(self, good: list[tuple[Candidate, Trial]]) -> None:
+        """The model, the best so far and the elites take in measured correct candidates."""
+        self.model.update([c.program for c, _ in good], [t.median_s for _, t in good])
+        for cand, t in good:
+            if self.result.best is None or t.median_s < self.result.best.median_s:
+                self.result.best, self.best = t, cand
+        self.times_of.update((t.program_hash, t.median_s) for _, t in good)
+        self.elites = sorted([*self.elites, *(c for c, _ in good)],
+                             key=lambda c: self.times_of[c.hash])
+
+    def report_round(self, finished: list[Trial]) -> None:
+        last = self.result.rounds[-1]
+        self.say("round", {"round": self.round_index, "trials": len(self.result.trials),
+                           "of": self.budget.trials, "best_gflops": last.best_gflops,
+                           "spearman": last.spearman,
+                           "measured": sum(not t.cached for t in finished)})
+
+    def stop_measuring(self) -> None:
+        """The round in flight ends after the measurement in progress."""
+        self.stop.set()
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+        self.measuring.shutdown(cancel_futures=True)
+
+    def finish_result(self) -> None:
+        """The best program, its trace and peak, and the wall time."""
+        if self.best is not None:
+            program = self.best.program
+            self.result.best_program = program
+            parallel = has_parallel_loops(program)
+            cores = self.measurer.settings.options().thread_count if parallel else 1
+            self.result.peak_gflops = self.peak_gflops_per_core * cores
+            self.result.best_trace = self.best.trace  # derived when it was measured, if it was
+        self.result.wall_s = time.perf_counter() - self.budget.started
+
+
+_SUMMARY = ("trials", "measured", "best_gflops", "best_median_s", "best_hash", "wall_s",
+            "naive_median_s", "peak_gflops", "percent_of_peak", "speedup_over_naive", "space")
+
+
+def _summary(result: ExploreResult) -> dict[str, Any]:
+    """What the database keeps of the result with the run."""
+    return {k: v for k, v in result.to_json().items() if k in _SUMMARY}

@@ -1,12 +1,34 @@
-"""How one candidate is measured: the settings of a run's measurements and the key under which a
-measurement is stored and looked up in the database."""
+"""How one candidate is measured: the settings of a run's measurements, the key under which a
+measurement is stored and looked up in the database, and measuring or looking up one candidate.
+
+    measurer = Measurer(database, "matmul", [64, 64, 64], naive, Settings(), run_id, TimingGate())
+    trial = measurer.trial(candidate, predicted_s, round_index)   # a Trial, stored at once
+
+A candidate is looked up in the database first (same workload, program and machine: its stored
+measurement is used, nothing is run) and otherwise measured in a worker process (`runner.measure`),
+checked against the numpy reference before it is timed, and stored at once with its trace. A
+candidate whose trace cannot be derived is never run: it is recorded as an error, since only
+replayable programs may be reported.
+
+`TimingGate` counts the candidates being timed; a search that calls its `wait_turn` between small
+units of work never runs while one is (explore's search runs beside the measurements).
+"""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .backend import CompileOptions
+from .db import Database, Record
+from .egraph.derive import DeriveError
+from .egraph.term import show
 from .ir import LoopKind, Program
+from .runner import Measurement, measure
+
+if TYPE_CHECKING:
+    from .extract.search import Candidate
 
 
 @dataclass
@@ -35,3 +57,99 @@ def measurement_key(prog: Program, settings: Settings) -> str:
 
 def has_parallel_loops(prog: Program) -> bool:
     return any(lp.kind == LoopKind.PARALLEL for lp in prog.loops())
+
+
+@dataclass
+class Trial:
+    """One candidate of the run, measured now or found in the database."""
+
+    round: int
+    program_hash: str
+    structure: str
+    predicted_s: float
+    median_s: float | None
+    gflops: float | None
+    correct: bool | None
+    error: str | None
+    cached: bool  # found in the database: not measured by this run
+
+
+class TimingGate:
+    """How many candidates are being timed: `wait_turn` blocks while any is. The search runs
+    beside the measurements but must not while a candidate is timed: its memory traffic slowed
+    mm_exp_mm's timings by up to 30%, and unevenly."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._timing = 0
+        self._quiet = threading.Event()
+        self._quiet.set()
+
+    def on_timing(self, started: bool) -> None:
+        """`runner.measure`'s callback: a timing starts (True) or ends (False)."""
+        with self._lock:
+            self._timing += 1 if started else -1
+            (self._quiet.clear if self._timing else self._quiet.set)()
+
+    def wait_turn(self) -> bool:
+        """Return once no candidate is being timed."""
+        return self._quiet.wait()
+
+
+class Measurer:
+    """Measures or looks up the candidates of one run (one workload at one size) and stores each
+    measurement under the run's id."""
+
+    def __init__(self, database: Database, workload: str, size: list[int], naive: Program,
+                 settings: Settings, run_id: int | None, gate: TimingGate | None = None):
+        self.database, self.workload, self.size = database, workload, list(size)
+        self.naive, self.settings, self.run_id = naive, settings, run_id
+        self.gate = gate or TimingGate()
+
+    def trial(self, cand: Candidate, predicted_s: float, round_index: int,
+              worker: int = 0) -> Trial:
+        """The candidate's stored measurement, or a new one (in worker process `worker`),
+        stored at once."""
+        key = measurement_key(cand.program, self.settings)
+        stored = self.database.lookup(self.workload, self.size, key)
+        if stored is not None:
+            return Trial(round_index, cand.hash, show(cand.term), predicted_s, stored.median_s,
+                         stored.gflops, stored.correct, stored.error, cached=True)
+        trace, m = self._measure(cand, worker)
+        record = Record(
+            workload=self.workload, size=list(self.size), program_hash=key,
+            structure=show(cand.term), sizes={f"{g}|{p}": e for (g, p), e in cand.sizes.items()},
+            trace=trace, times=m.times, median_s=m.median_s,
+            gflops=m.gflops, correct=m.correct, error=m.error or (
+                None if m.correct is not False else f"wrong result: {m.check_message}"),
+            predicted_s=predicted_s, round=round_index, run_id=self.run_id)
+        self.database.add(record)
+        return Trial(round_index, cand.hash, record.structure, predicted_s, m.median_s, m.gflops,
+                     m.correct, record.error, cached=False)
+
+    def _measure(self, cand: Candidate, worker: int) -> tuple[list[dict], Measurement]:
+        """The candidate's trace and measurement; a candidate with no trace is not run."""
+        try:
+            trace = cand.trace
+        except DeriveError as err:
+            # Only replayable programs may be reported; this one is recorded as an error.
+            return [], Measurement(correct=None, error=f"no replayable trace: {err}")
+        s = self.settings
+        return trace, measure(cand.program, repeats=s.repeats, warmup=s.warmup,
+                              timeout_s=s.timeout_s, seed=s.input_seed,
+                              time_budget_s=s.time_budget_s, min_repeats=s.min_repeats,
+                              worker=worker, on_timing=self.gate.on_timing, options=s.options())
+
+    def naive_median_s(self) -> float | None:
+        """The naive program's median time (for the speedup), measured once per machine."""
+        stored = self.database.lookup(self.workload, self.size, self.naive.hash())
+        if stored is None:
+            s = self.settings
+            m = measure(self.naive, repeats=1, warmup=0, timeout_s=s.timeout_s,
+                        seed=s.input_seed, options=s.options())
+            stored = Record(workload=self.workload, size=list(self.size),
+                            program_hash=self.naive.hash(), structure="naive", sizes={}, trace=[],
+                            times=m.times, median_s=m.median_s, gflops=m.gflops,
+                            correct=m.correct, error=m.error, run_id=self.run_id)
+            self.database.add(stored)
+        return stored.median_s if stored.correct else None

@@ -80,6 +80,6 @@ def egglog_baseline(space: Space, model: CostModel, k: int = 1, *, seed: int = 0
         sizes = {(g, p): e for g, paths in choice.items() for p, e in paths.items()}
         prog = search.program_of(term, sizes)
         if prog is not None:
-            cand = Candidate(term, dict(sorted(sizes.items())), prog, {}, choice)
+            cand = Candidate(term, dict(sorted(sizes.items())), prog, {}, choice, space.naive)
             found.setdefault(cand.hash, cand)
     return search.rank(list(found.values()))[:k]

@@ -200,14 +200,57 @@ def _log2(x: float) -> float:
 
 
 def _block_stats(prog: Program, site: Site) -> _BlockStats:
+    """The block's BLOCK_FEATURES values and what it adds to the program-wide ones."""
     blk: Block = site.block
-    loops = site.loops
-    extents = [lp.extent for lp in loops]
+    extents = [lp.extent for lp in site.loops]
     points = math.prod(extents)
+    flops_per_point = count_flops(blk.value) + (1 if blk.reduce else 0)
+    accs = _distinct_accesses(prog, site)
+    touched = [a.bytes_touched(extents) for a in accs]
+    footprint = [sum(t[level] for t in touched) for level in range(len(extents) + 1)]
+    par_extent = math.prod(lp.extent for lp in site.loops if lp.kind == LoopKind.PARALLEL)
+    values = (*_nest_values(prog, site, flops_per_point),
+              *_stride_values(accs, site.loops),
+              *_reuse_values(accs, touched, footprint, extents, points),
+              _balance(par_extent))
+    is_copy = blk.reduce is None and isinstance(blk.value, Load)
+    return _BlockStats(points, points * flops_per_point, is_copy,
+                       par_extent > 1, _traffic(footprint, extents), values)
+
+
+def _vectorized(inner: Loop | None) -> bool:
+    return inner is not None and inner.kind == LoopKind.VECTOR
+
+
+def _nest_values(prog: Program, site: Site, flops_per_point: int) -> tuple[float, ...]:
+    """log2_serial_trips ... loads_per_point: the loop nest and the statement."""
+    blk, loops = site.block, site.loops
     trips = {kind: math.prod(lp.extent for lp in loops if lp.kind == kind) for kind in LoopKind}
     inner: Loop | None = loops[-1] if loops else None
-    vectorized = inner is not None and inner.kind == LoopKind.VECTOR
-    elem = _DTYPE_BYTES.get(prog.buffer(blk.buffer).dtype, 4)
+    target = prog.buffer(blk.buffer)
+    elem = _DTYPE_BYTES.get(target.dtype, 4)
+    local = target.scope == Scope.LOCAL
+    return (
+        _log2(trips[LoopKind.SERIAL]),
+        _log2(trips[LoopKind.PARALLEL]),
+        _log2(trips[LoopKind.UNROLL]),
+        _log2(trips[LoopKind.VECTOR]),
+        *_register_values(loops, elem),
+        _log2(inner.extent) if inner else 0.0,
+        float(len(loops)),
+        float(blk.reduce is not None),
+        float(local),
+        _log2(target.size * elem) if local else 0.0,
+        float(flops_per_point),
+        float(len(blk.reads())),
+    )
+
+
+def _register_values(loops: tuple[Loop, ...], elem: int) -> tuple[float, ...]:
+    """innermost_vectorized ... log2_register_spill: the vector lanes and the register tile (the
+    innermost run of unrolled loops, inside the vectorized one if any)."""
+    inner: Loop | None = loops[-1] if loops else None
+    vectorized = _vectorized(inner)
     lanes = inner.extent if vectorized else 1
     lanes_per_register = VECTOR_BYTES // elem
     vector_registers = -(-lanes // lanes_per_register)
@@ -217,30 +260,43 @@ def _block_stats(prog: Program, site: Site) -> _BlockStats:
             break
         unrolled *= lp.extent
     registers = unrolled * vector_registers
-    target = prog.buffer(blk.buffer)
-    local = target.scope == Scope.LOCAL
-    flops_per_point = count_flops(blk.value) + (1 if blk.reduce else 0)
-    is_copy = blk.reduce is None and isinstance(blk.value, Load)
+    return (
+        float(vectorized),
+        lanes / (vector_registers * lanes_per_register) if vectorized else 0.0,
+        _log2(unrolled * lanes),
+        _log2(registers),
+        _log2(registers / VECTOR_REGISTERS),
+    )
 
-    accs = _distinct_accesses(prog, site)
-    depth = len(loops)
-    touched = [a.bytes_touched(extents) for a in accs]
-    footprint = [sum(t[level] for t in touched) for level in range(depth + 1)]
-    caches = cache_bytes()
-    traffic = []
-    for size in caches:
-        level = next(lv for lv in range(depth + 1) if footprint[lv] <= size or lv == depth)
-        traffic.append(float(footprint[level] * math.prod(extents[:level])))
 
-    n = max(len(accs), 1)
+def _stride_values(accs: list[_Access], loops: tuple[Loop, ...]) -> tuple[float, ...]:
+    """broadcast_share ... log2_unrolled_around_loops: how the accesses move along the innermost
+    loop and along the innermost loop that stays a loop."""
+    inner: Loop | None = loops[-1] if loops else None
     broadcast, unit, gather = _stride_shares(accs, inner)
     # The innermost loop that stays a loop: what a register tile unrolled inside it streams.
     rolled = next((lp for lp in reversed(loops) if lp.kind in _ROLLED), None)
-    rolled_shares = _stride_shares(accs, rolled)
     unrolled_around_loops = math.prod(
         lp.extent for at, lp in enumerate(loops)
         if lp.kind == LoopKind.UNROLL and any(o.kind in _ROLLED for o in loops[at + 1:]))
+    return (
+        broadcast,
+        unit,
+        gather,
+        gather if _vectorized(inner) else 0.0,
+        *_stride_shares(accs, rolled),
+        _log2(rolled.extent) if rolled else 0.0,
+        _log2(unrolled_around_loops),
+    )
 
+
+def _reuse_values(accs: list[_Access], touched: list[list[int]], footprint: list[int],
+                  extents: list[int], points: int) -> tuple[float, ...]:
+    """reuse_in_L1_share ... log2_reuse_ratio: per access, the innermost loop that does not move
+    it (its reuse) and the bytes the nest touches between two uses, against the caches."""
+    depth = len(extents)
+    caches = cache_bytes()
+    n = max(len(accs), 1)
     reuse_fit = [0.0, 0.0, 0.0]
     no_reuse, distance_log, ratio_log = 0, 0.0, 0.0
     for a, bytes_of in zip(accs, touched):
@@ -252,44 +308,25 @@ def _block_stats(prog: Program, site: Site) -> _BlockStats:
             reuse_fit[c] += reuse_loop is not None and distance <= size
         distance_log += _log2(distance)
         ratio_log += _log2(points * a.elem_bytes / bytes_of[0])
+    return (reuse_fit[0] / n, reuse_fit[1] / n, reuse_fit[2] / n,
+            no_reuse / n, distance_log / n, ratio_log / n)
 
-    par_extent = trips[LoopKind.PARALLEL]
+
+def _balance(par_extent: int) -> float:
+    """parallel_balance: the useful share of the cores' iterations of the parallel loops."""
     cores = _cores()
-    balance = par_extent / (-(-par_extent // cores) * cores) if par_extent > 1 else 0.0
-    values = (
-        _log2(trips[LoopKind.SERIAL]),
-        _log2(par_extent),
-        _log2(trips[LoopKind.UNROLL]),
-        _log2(trips[LoopKind.VECTOR]),
-        float(vectorized),
-        lanes / (vector_registers * lanes_per_register) if vectorized else 0.0,
-        _log2(unrolled * lanes),
-        _log2(registers),
-        _log2(registers / VECTOR_REGISTERS),
-        _log2(inner.extent) if inner else 0.0,
-        float(depth),
-        float(blk.reduce is not None),
-        float(local),
-        _log2(target.size * elem) if local else 0.0,
-        float(flops_per_point),
-        float(len(blk.reads())),
-        broadcast,
-        unit,
-        gather,
-        gather if vectorized else 0.0,
-        *rolled_shares,
-        _log2(rolled.extent) if rolled else 0.0,
-        _log2(unrolled_around_loops),
-        reuse_fit[0] / n,
-        reuse_fit[1] / n,
-        reuse_fit[2] / n,
-        no_reuse / n,
-        distance_log / n,
-        ratio_log / n,
-        balance,
-    )
-    return _BlockStats(points, points * flops_per_point, is_copy,
-                       par_extent > 1, tuple(traffic), values)
+    return par_extent / (-(-par_extent // cores) * cores) if par_extent > 1 else 0.0
+
+
+def _traffic(footprint: list[int], extents: list[int]) -> tuple[float, ...]:
+    """Bytes brought into each cache level: the footprint of the outermost loop level whose
+    footprint fits, times the trips of the loops around it."""
+    depth = len(extents)
+    traffic = []
+    for size in cache_bytes():
+        level = next(lv for lv in range(depth + 1) if footprint[lv] <= size or lv == depth)
+        traffic.append(float(footprint[level] * math.prod(extents[:level])))
+    return tuple(traffic)
 
 
 def features(prog: Program) -> np.ndarray:

@@ -28,13 +28,14 @@ the other core (a search running beside it made mm_exp_mm's timings 64-94 GFLOPS
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from eqsched.egraph.derive import DeriveError, realize, verify
+from eqsched.egraph.derive import DeriveError, derive, realize, verify
 from eqsched.egraph.space import Slot, Space
 from eqsched.egraph.term import BlockRef, Sizes, Term, walk
 from eqsched.ir import LoopKind, Program
@@ -83,10 +84,17 @@ class Candidate:
     program: Program
     picks: dict[Slot, int] = field(repr=False)  # slot -> index into space.choices(slot)
     assignment: dict[str, dict[str, int]] = field(repr=False)  # group -> {path: extent}
+    naive: Program = field(repr=False)  # the space's naive program, which the trace starts from
     hash: str = ""
 
     def __post_init__(self) -> None:
         self.hash = self.hash or self.program.hash()
+
+    @functools.cached_property
+    def trace(self) -> list[dict]:
+        """The manual trace that builds the program from the naive one (`derive`), derived on
+        first use and kept; raises DeriveError (every time) when the primitives cannot."""
+        return derive(self.term, self.sizes, self.naive)
 
 
 class EvolutionarySearch:
@@ -173,7 +181,7 @@ class EvolutionarySearch:
         prog = self.program_of(term, sizes)
         if prog is None or unrolled_copies(prog) > self.max_unrolled:
             return None
-        return Candidate(term, dict(sorted(sizes.items())), prog, used, sized)
+        return Candidate(term, dict(sorted(sizes.items())), prog, used, sized, self.space.naive)
 
     def program_of(self, term: Term, sizes: Sizes) -> Program | None:
         """The concrete program (memoized), or None if the primitives cannot build it. It is not

@@ -68,7 +68,7 @@ def test_searching_while_measuring_proposes_what_searching_after_would(tmp_path,
 
 
 def test_an_interrupt_in_the_middle_of_a_round_keeps_its_finished_trials(tmp_path, monkeypatch):
-    import eqsched.explore as explore_module
+    import eqsched.trials as trials_module
 
     calls = []
 
@@ -78,8 +78,8 @@ def test_an_interrupt_in_the_middle_of_a_round_keeps_its_finished_trials(tmp_pat
             raise KeyboardInterrupt
         return real_measure(*args, **kwargs)
 
-    real_measure = explore_module.measure
-    monkeypatch.setattr(explore_module, "measure", measure_then_interrupt)
+    real_measure = trials_module.measure
+    monkeypatch.setattr(trials_module, "measure", measure_then_interrupt)
     cut = run(tmp_path / "x.db")
     assert cut.interrupted
     assert [len(r.trials) for r in cut.rounds] == [4, 1]  # the second round stopped in its 2nd
@@ -113,9 +113,9 @@ def test_rank_correlation_is_reported_per_round(tmp_path):
 
 
 def test_a_wrong_program_is_never_the_best(tmp_path, monkeypatch):
-    import eqsched.explore as ex
+    import eqsched.trials as trials_module
 
-    real = ex.measure
+    real = trials_module.measure
 
     def every_other_wrong(prog, **kw):
         m = real(prog, **kw)
@@ -123,7 +123,7 @@ def test_a_wrong_program_is_never_the_best(tmp_path, monkeypatch):
             m.correct, m.check_message = False, "forced wrong by the test"
         return m
 
-    monkeypatch.setattr(ex, "measure", every_other_wrong)
+    monkeypatch.setattr(trials_module, "measure", every_other_wrong)
     result = run(tmp_path / "x.db")
     wrong = [t for t in result.trials if t.correct is False]
     assert wrong and all("wrong result" in t.error for t in wrong)

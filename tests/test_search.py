@@ -11,6 +11,7 @@ from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import symbols
 from eqsched.ir import LoopKind, naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
 
 
@@ -136,6 +137,23 @@ def test_mutants_are_members_that_compute_the_right_result(space):
             checked += 1
         parent = child
     assert checked == 5
+
+
+def test_a_candidate_carries_its_trace_derived_once(space, monkeypatch):
+    import eqsched.extract.search as search_module
+
+    calls = []
+    real_derive = search_module.derive
+
+    def counting_derive(*args):
+        calls.append(args)
+        return real_derive(*args)
+
+    monkeypatch.setattr(search_module, "derive", counting_derive)
+    cand = EvolutionarySearch(space, FewestScalarIterations(), seed=6).random_candidate()
+    assert cand.hash != space.naive.hash()
+    assert cand.trace is cand.trace and len(calls) == 1
+    assert Schedule.replay(space.naive, cand.trace).program.hash() == cand.hash
 
 
 def test_no_proposal_unrolls_more_copies_than_the_limit(space):

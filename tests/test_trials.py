@@ -1,0 +1,117 @@
+"""Measuring one candidate: looked up or measured and stored at once, its trace with it; the key it
+is stored under; the gate that holds the search while a candidate is timed."""
+
+import dataclasses
+import threading
+
+import pytest
+from eqsched.extract import EvolutionarySearch, get_cost_model
+from eqsched.rules import default_rules
+
+import eqsched.trials as trials_module
+from eqsched.db import Database
+from eqsched.egraph.derive import DeriveError
+from eqsched.egraph.space import build_space
+from eqsched.ir import naive_program
+from eqsched.schedule import Schedule
+from eqsched.trials import Measurer, Settings, TimingGate, measurement_key
+from eqsched.workloads import get_workload
+
+SIZE = [16, 32, 8]
+FAST = Settings(repeats=2, warmup=0, threads=1)
+
+
+@pytest.fixture(scope="module")
+def naive():
+    return naive_program(get_workload("matmul").build(*SIZE))
+
+
+@pytest.fixture(scope="module")
+def candidate(naive):
+    space = build_space(naive, default_rules())
+    return EvolutionarySearch(space, get_cost_model("random"), seed=3).random_candidate()
+
+
+@pytest.fixture
+def db(tmp_path):
+    with Database(tmp_path / "x.db") as db:
+        yield db
+
+
+def measurer(db, naive, run_id=None):
+    return Measurer(db, "matmul", SIZE, naive, FAST, run_id, TimingGate())
+
+
+def no_measuring(*args, **kwargs):
+    raise AssertionError("measured, though it should not have been")
+
+
+def test_a_candidate_is_measured_and_stored_with_its_trace(db, naive, candidate):
+    trial = measurer(db, naive).trial(candidate, 1e-3, round_index=2)
+    assert not trial.cached and trial.correct and trial.median_s > 0 and trial.round == 2
+    (record,) = db.records("matmul", SIZE)
+    assert record.program_hash == measurement_key(candidate.program, FAST)
+    assert record.median_s == trial.median_s and record.predicted_s == 1e-3
+    assert Schedule.replay(naive, record.trace).program.hash() == candidate.hash
+
+
+def test_a_stored_measurement_is_looked_up_not_measured_again(db, naive, candidate,
+                                                              monkeypatch):
+    first = measurer(db, naive).trial(candidate, 1e-3, round_index=0)
+    monkeypatch.setattr(trials_module, "measure", no_measuring)
+    again = measurer(db, naive).trial(candidate, 2e-3, round_index=1)
+    assert again.cached and not first.cached
+    assert (again.median_s, again.gflops, again.correct) == (
+        first.median_s, first.gflops, first.correct)
+    assert again.predicted_s == 2e-3 and again.round == 1
+    assert len(db.records("matmul", SIZE)) == 1
+
+
+def test_a_candidate_whose_trace_cannot_be_derived_is_recorded_as_an_error(db, naive, candidate,
+                                                                          monkeypatch):
+    cand = dataclasses.replace(candidate)  # a copy whose trace is not derived yet
+
+    def cannot_derive(*args):
+        raise DeriveError("the test's missing primitive")
+
+    monkeypatch.setattr("eqsched.extract.search.derive", cannot_derive)
+    monkeypatch.setattr(trials_module, "measure", no_measuring)
+    trial = measurer(db, naive).trial(cand, 1e-3, round_index=0)
+    assert trial.correct is None and not trial.cached
+    assert trial.error == "no replayable trace: the test's missing primitive"
+    (record,) = db.records("matmul", SIZE)
+    assert record.error == trial.error and record.trace == [] and record.median_s is None
+
+
+def test_the_naive_time_is_measured_once_per_machine(db, naive, monkeypatch):
+    first = measurer(db, naive).naive_median_s()
+    assert first > 0
+    monkeypatch.setattr(trials_module, "measure", no_measuring)
+    assert measurer(db, naive).naive_median_s() == first
+    (record,) = db.records("matmul", SIZE)
+    assert record.structure == "naive" and record.program_hash == naive.hash()
+
+
+def test_the_timing_gate_holds_the_search_while_a_candidate_is_timed():
+    gate = TimingGate()
+    gate.wait_turn()  # nothing timed: no wait
+    gate.on_timing(True)
+    gate.on_timing(True)  # two jobs time at once
+    passed = threading.Event()
+    searcher = threading.Thread(target=lambda: (gate.wait_turn(), passed.set()), daemon=True)
+    searcher.start()
+    assert not passed.wait(0.2)
+    gate.on_timing(False)
+    assert not passed.wait(0.2)  # the other job still times
+    gate.on_timing(False)
+    assert passed.wait(10)
+    searcher.join(10)
+
+
+def test_the_measurement_key_has_the_thread_count_only_for_parallel_programs(naive):
+    sch = Schedule(naive)
+    sch.parallel("C.i")
+    parallel = sch.program
+    assert measurement_key(naive, Settings(threads=3)) == naive.hash()
+    assert measurement_key(parallel, Settings(threads=3)) == f"{parallel.hash()}/threads=3"
+    assert measurement_key(parallel, Settings(threads=1)) == f"{parallel.hash()}/threads=1"
