@@ -196,7 +196,8 @@ def plot_space(plt: Any, counts: dict[str, dict[str, int]], path: Path) -> Path:
 
 
 def numpy_gflops(workload: str, size: list[int], repeats: int = 5) -> float | None:
-    """numpy's GFLOPS for the workload, one BLAS thread when threadpoolctl can limit it."""
+    """GFLOPS of the workload's numpy baseline (`Workload.numpy_baseline`: buffers allocated
+    once, outside the timing), one BLAS thread when threadpoolctl can limit it."""
     import contextlib
 
     from .reference import random_inputs
@@ -206,18 +207,18 @@ def numpy_gflops(workload: str, size: list[int], repeats: int = 5) -> float | No
     if wl.numpy_fn is None:
         return None
     comp = wl.build(*size)
-    inputs = random_inputs(comp, seed=0)
+    run = wl.numpy_baseline(random_inputs(comp, seed=0), *size)
     try:
         from threadpoolctl import threadpool_limits
         limit = threadpool_limits(1)
     except ImportError:
         limit = contextlib.nullcontext()
     with limit:
-        wl.numpy_fn(inputs, *size)
+        run()
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            wl.numpy_fn(inputs, *size)
+            run()
             times.append(time.perf_counter() - start)
     return comp.flops / statistics.median(times) / 1e9
 
