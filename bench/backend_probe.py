@@ -24,6 +24,7 @@ from eqsched import te
 from eqsched.backend import CompileOptions, compile_program
 from eqsched.expr import Const, Load, Var
 from eqsched.ir import Alloc, Binding, Block, Buffer, Loop, LoopKind, Program, Scope
+from eqsched.workloads import get_workload
 
 S, U, V = LoopKind.SERIAL, LoopKind.UNROLL, LoopKind.VECTOR
 PANEL = 32  # columns of B per packed panel = columns of C per register tile (two 16-lane zmm)
@@ -110,7 +111,8 @@ def main() -> None:
         err = np.abs(c - a @ b).max()
         flop = 2.0 * size**3
         ours = median_seconds(kernel, (a, b, c), args.repeats)
-        ref = median_seconds(np.matmul, (a, b, c), args.repeats)
+        numpy_run = get_workload("matmul").numpy_baseline({"A": a, "B": b}, size, size, size)
+        ref = median_seconds(numpy_run, (), args.repeats)
         print(f"{size}^3 rows={args.rows} threads={args.threads}: "
               f"eqsched {flop / ours / 1e9:6.1f} GFLOPS  numpy {flop / ref / 1e9:6.1f} GFLOPS  "
               f"ratio {ref / ours:.2f}  "

@@ -6,9 +6,10 @@ and numpy's implementation timed side by side.
 
 Each case explores with a fresh database (so every trial is measured, and the wall time is that
 of a cold exploration) unless --db is given; the best program is then compiled in this process
-with one thread and timed alternately with the workload's numpy function (OpenBLAS limited to one
-thread), so both see the same machine noise. Prints GFLOPS, the ratio and the bar from issue 4,
-and the exploration's wall time beside TVM MetaSchedule's (64 trials, one core, DESIGN.md).
+with one thread and timed alternately with the workload's numpy baseline (`numpy_baseline`: its
+buffers allocated once, as the kernel's are; OpenBLAS limited to one thread), so both see the same
+machine noise. Prints GFLOPS, the ratio and the bar from issue 4, and the exploration's wall time
+beside TVM MetaSchedule's (64 trials, one core, DESIGN.md).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def side_by_side(workload: str, size: tuple[int, ...], program, repeats: int
     comp = wl.build(*size)
     inputs = random_inputs(comp, 0)
     kernel = compile_program(program, CompileOptions(threads=1))
+    numpy_run = wl.numpy_baseline(inputs, *size)
     ours_out = kernel.run(inputs)
-    theirs_out = wl.numpy_fn(inputs, *size)
+    theirs_out = numpy_run()
     ok, _, message = compare(ours_out, {k: v.astype(np.float64) for k, v in theirs_out.items()},
                              tolerance(comp))
     if not ok:
@@ -61,7 +63,7 @@ def side_by_side(workload: str, size: tuple[int, ...], program, repeats: int
         kernel(*arrays)
         ours.append(time.perf_counter() - start)
         start = time.perf_counter()
-        wl.numpy_fn(inputs, *size)
+        numpy_run()
         theirs.append(time.perf_counter() - start)
     flops = comp.flops
     return flops / statistics.median(ours) / 1e9, flops / statistics.median(theirs) / 1e9

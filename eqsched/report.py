@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -102,10 +103,84 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     fig.clf()
     return path
+
+
+# Every figure is laid out by matplotlib's constrained layout, so nothing is clipped at its edges.
+# What a layout engine cannot do, leave room for long labels without squeezing the plot, is done
+# by sizing each figure from its labels' measured widths and wrapping labels after commas.
+LABEL_PT = 8  # tick labels, legends, panel titles
+TITLE_PT = 10
+LINE_IN = 1.4 / 72  # height of a line of text, in inches per point of font size
+
+
+def _figure(plt: Any, width: float, height: float, rows: int = 1, cols: int = 1,
+            **kw: Any) -> tuple:
+    return plt.subplots(rows, cols, figsize=(width, height), squeeze=False, layout="constrained",
+                        **kw)
+
+
+def _text_width(texts: list[str], points: float) -> float:
+    """Inches taken by the widest line of `texts` set at `points` in matplotlib's font."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    prop, measure = FontProperties(size=points), TextToPath()
+    return max((measure.get_text_width_height_descent(line, prop, ismath=False)[0]
+                for text in texts for line in text.splitlines()), default=0.0) / 72
+
+
+def _wrap(text: str, inches: float, points: float) -> str:
+    """`text` broken after commas into lines at most `inches` wide, where a comma allows."""
+    lines: list[str] = []
+    for piece in re.split(r"(?<=,)", text):
+        if lines and _text_width([lines[-1] + piece], points) <= inches:
+            lines[-1] += piece
+        else:
+            lines.append(piece.lstrip())
+    return "\n".join(lines)
+
+
+def _lines(texts: list[str]) -> int:
+    return sum(t.count("\n") + 1 for t in texts)
+
+
+def _legend(ax: Any, owner: Any, **kw: Any) -> None:
+    """`ax`'s legend, drawn by `owner` (the axes or the figure), only when something is labelled:
+    an empty legend draws an empty box and warns on stderr."""
+    handles, labels = ax.get_legend_handles_labels()
+    if labels:
+        owner.legend(handles, labels, fontsize=LABEL_PT, **kw)
+
+
+def _room_for_labels(lo: float, top: float, label_in: float, axes_in: float, log: bool) -> float:
+    """The axis limit beyond `top` that leaves `label_in` inches after a bar ending at `top` on an
+    axis of `axes_in` inches starting at `lo`, for the value written after the bar."""
+    share = min(0.5, (label_in + 0.1) / max(axes_in, 1.0))
+    if log:
+        lo_, top_ = math.log10(lo), math.log10(top)
+        return 10 ** (top_ + (top_ - lo_) * share / (1 - share))
+    return top + (top - lo) * share / (1 - share)
+
+
+def _time_unit(seconds: list[float]) -> tuple[float, str]:
+    """(factor, unit) that shows these times with a few digits before the point."""
+    top = max(seconds)
+    return (1.0, "s") if top >= 1 else (1e3, "ms") if top >= 1e-3 else (1e6, "µs")
+
+
+def _log_ticks(axis: Any, lo: float, hi: float) -> None:
+    """Plain-number labels on a log axis from `lo` to `hi`, enough of them to read a value off
+    a narrow range (1, 2, 5 per decade, or every digit) without crowding a wide one."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    decades = math.log10(hi / lo)
+    subs = tuple(range(1, 10)) if decades < 0.6 else (1, 2, 5) if decades < 2.5 else (1,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _by_problem(exps: list[Exploration]) -> dict[str, list[Exploration]]:
@@ -120,44 +195,81 @@ def _slug(key: str) -> str:
 
 
 def plot_progress(plt: Any, key: str, exps: list[Exploration], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for e in exps:
+    from matplotlib.ticker import MaxNLocator
+
+    width, styles = 7.0, ("-", "--", ":", "-.")  # lines that coincide stay visible
+    labels = [_wrap(e.label if e.records else f"{e.label} (nothing measured by this exploration)",
+                    width - 0.8, LABEL_PT) for e in exps]
+    fig, axes = _figure(plt, width, 3.8 + _lines(labels) * LABEL_PT * LINE_IN)
+    ax = axes[0, 0]
+    for n, (e, label) in enumerate(zip(exps, labels)):
         best, xs, ys = 0.0, [], []
-        for n, r in enumerate(e.records, 1):
+        for trial, r in enumerate(e.records, 1):
             if r.correct and r.gflops:
                 best = max(best, r.gflops)
-            xs.append(n)
+            xs.append(trial)
             ys.append(best or math.nan)
-        ax.step(xs, ys, where="post", label=e.label)
-    ax.set(title=f"{key}: best GFLOPS so far", xlabel="trials measured", ylabel="GFLOPS")
+        ax.step(xs, ys, where="post", ls=styles[n % len(styles)], lw=1.6, label=label)
+    ax.set_title(f"{key}: best GFLOPS so far", fontsize=TITLE_PT)
+    ax.set(xlabel="trials measured", ylabel="GFLOPS")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if not any(e.records for e in exps):
+        ax.set(xlim=(0, 1), ylim=(0, 1), xticks=[], yticks=[])
+    ax.tick_params(labelsize=LABEL_PT)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax, fig, loc="outside lower center")
     return _save(fig, path)
 
 
 def plot_predictions(plt: Any, key: str, exps: list[Exploration], path: Path) -> Path:
     from .extract.cost import spearman
 
-    fig, axes = plt.subplots(1, len(exps), figsize=(4.2 * len(exps), 3.8), squeeze=False)
-    for ax, e in zip(axes[0], exps):
+    panels = []  # per exploration: its points and legend labels, by round
+    for e in exps:
         points = [r for r in e.records if r.correct and r.median_s and r.predicted_s]
-        rounds = sorted({r.round for r in points if r.round is not None})
-        for rnd in rounds:
+        by_round = []
+        for rnd in sorted({r.round for r in points if r.round is not None}):
             mine = [r for r in points if r.round == rnd]
             rho = spearman([r.predicted_s for r in mine], [r.median_s for r in mine])
-            ax.scatter([r.predicted_s * 1e3 for r in mine], [r.median_s * 1e3 for r in mine],
-                       s=14, label=f"round {rnd}" + (f" ρ={rho:+.2f}" if rho is not None else ""))
-        if points:
-            lo = min(min(r.predicted_s, r.median_s) for r in points) * 1e3
-            hi = max(max(r.predicted_s, r.median_s) for r in points) * 1e3
-            ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
-            ax.set(xscale="log", yscale="log")
-            for axis in (ax.xaxis, ax.yaxis):  # minor labels of a narrow log range overlap
-                axis.set_minor_formatter(plt.NullFormatter())
-        ax.set(title=e.label, xlabel="predicted ms", ylabel="measured ms")
-        ax.title.set_fontsize(7)
-        ax.legend(fontsize=6)
-    fig.suptitle(f"{key}: predicted vs measured time per round", fontsize=9)
+            by_round.append((mine, f"round {rnd}" + (f" ρ={rho:+.2f}" if rho is not None else "")))
+        panels.append((e, points, by_round))
+    # Each panel: a near-square plot, its tick labels and axis label, and its legend to the right
+    # (off the points); at most three panels a row, the figure at least as wide as its title.
+    side, cols = 3.2, min(len(exps), 3)
+    rows = -(-len(exps) // cols)
+    widths = [side + 0.9 + (_text_width([lb for _, lb in rounds], LABEL_PT) + 0.6 if rounds
+                            else 0.0) for _, _, rounds in panels]
+    col_widths = [max(widths[c::cols]) for c in range(cols)]
+    title = f"{key}: predicted vs measured time per round"
+    width = max(sum(col_widths), _text_width([title], TITLE_PT) + 0.4)
+    titles = [_wrap(e.label, side, LABEL_PT) for e in exps]
+    row_height = side + 1.0 + max(t.count("\n") + 1 for t in titles) * LABEL_PT * LINE_IN
+    fig, axes = _figure(plt, width, rows * row_height + 0.3, rows, cols, width_ratios=col_widths)
+    for ax in axes.flat[len(exps):]:
+        ax.set_axis_off()
+    for ax, (e, points, by_round), panel_title in zip(axes.flat, panels, titles):
+        ax.set_title(panel_title, fontsize=LABEL_PT)
+        if not points:
+            ax.text(0.5, 0.5, "no predicted times stored" if e.records else
+                    "nothing measured\nby this exploration", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=LABEL_PT, color="grey")
+            ax.set(xticks=[], yticks=[])
+            continue
+        times = [t for r in points for t in (r.predicted_s, r.median_s)]
+        scale, unit = _time_unit(times)
+        for mine, label in by_round:
+            ax.scatter([r.predicted_s * scale for r in mine], [r.median_s * scale for r in mine],
+                       s=14, label=label)
+        # The same limits on both axes of a near-square plot: the diagonal is exact prediction.
+        lo, hi = min(times) * scale / 1.25, max(times) * scale * 1.25
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+               xlabel=f"predicted {unit}", ylabel=f"measured {unit}")
+        for axis in (ax.xaxis, ax.yaxis):
+            _log_ticks(axis, lo, hi)
+        ax.tick_params(labelsize=LABEL_PT)
+        _legend(ax, ax, loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle(title, fontsize=TITLE_PT)
     return _save(fig, path)
 
 
@@ -184,20 +296,33 @@ def space_counts(exps: list[Exploration], cache: Path) -> dict[str, dict[str, in
 
 
 def plot_space(plt: Any, counts: dict[str, dict[str, int]], path: Path) -> Path:
-    fig, axes = plt.subplots(len(counts), 1, figsize=(7, 2.6 * len(counts)), squeeze=False)
-    for ax, (key, per_rule) in zip(axes[:, 0], sorted(counts.items())):
-        names = list(per_rule)
-        values = [float(max(per_rule[n], 1)) for n in names]  # counts pass 2**63
-        ax.barh(names, values, color=["tab:blue"] + ["tab:orange"] * (len(names) - 1))
-        ax.set(xscale="log", title=f"{key}: programs in the space", xlabel="programs (log)")
-        ax.title.set_fontsize(9)
-        ax.tick_params(labelsize=7)
+    problems = sorted(counts.items())
+    names = [n for _, per_rule in problems for n in per_rule]
+    label_in = _text_width(names, LABEL_PT)
+    width = max(7.0, label_in + 5.5)
+    value_in = _text_width(["8.8e+88"], LABEL_PT)
+    fig, axes = _figure(plt, width, 0.7 * len(problems) + 0.22 * len(names), len(problems), 1)
+    for ax, (key, per_rule) in zip(axes[:, 0], problems):
+        rules = list(per_rule)
+        values = [float(max(per_rule[n], 1)) for n in rules]  # counts pass 2**63
+        # Bars start at one program: a bar's length is the count's number of digits.
+        bars = ax.barh(rules, [v - 1 for v in values], left=1.0,
+                       color=["tab:blue"] + ["tab:orange"] * (len(rules) - 1))
+        ax.bar_label(bars, [f"{v:,.0f}" if v < 1e6 else f"{v:.2g}" for v in values], padding=3,
+                     fontsize=LABEL_PT - 1)
+        ax.set_xscale("log")
+        ax.set_xlim(1, _room_for_labels(1, max(values), value_in,
+                                        width - label_in - 0.6, log=True))
+        ax.set_title(f"{key}: programs in the space", fontsize=TITLE_PT - 1)
+        ax.set_xlabel("programs (log scale)", fontsize=LABEL_PT)
+        ax.tick_params(labelsize=LABEL_PT)
         ax.invert_yaxis()
     return _save(fig, path)
 
 
 def numpy_gflops(workload: str, size: list[int], repeats: int = 5) -> float | None:
-    """numpy's GFLOPS for the workload, one BLAS thread when threadpoolctl can limit it."""
+    """GFLOPS of the workload's numpy baseline (`Workload.numpy_baseline`: buffers allocated
+    once, outside the timing), one BLAS thread when threadpoolctl can limit it."""
     import contextlib
 
     from .reference import random_inputs
@@ -207,38 +332,62 @@ def numpy_gflops(workload: str, size: list[int], repeats: int = 5) -> float | No
     if wl.numpy_fn is None:
         return None
     comp = wl.build(*size)
-    inputs = random_inputs(comp, seed=0)
+    run = wl.numpy_baseline(random_inputs(comp, seed=0), *size)
     try:
         from threadpoolctl import threadpool_limits
         limit = threadpool_limits(1)
     except ImportError:
         limit = contextlib.nullcontext()
     with limit:
-        wl.numpy_fn(inputs, *size)
+        run()
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            wl.numpy_fn(inputs, *size)
+            run()
             times.append(time.perf_counter() - start)
     return comp.flops / statistics.median(times) / 1e9
 
 
 def plot_standing(plt: Any, exps: list[Exploration], numpy: dict[str, float | None],
                   path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(exps) + 1.6))
-    names = [f"{e.key}\n{e.label}" for e in exps]
-    best = [e.summary.get("best_gflops") or 0 for e in exps]
-    peak = [e.summary.get("peak_gflops") or 0 for e in exps]
-    ref = [numpy.get(e.key) or 0 for e in exps]
-    y = range(len(exps))
-    ax.barh([i + 0.27 for i in y], peak, height=0.25, color="lightgrey", label="peak (FMA)")
-    ax.barh(list(y), best, height=0.25, color="tab:blue", label="eqsched best")
-    ax.barh([i - 0.27 for i in y], ref, height=0.25, color="tab:green",
-            label="numpy (1 thread)")
-    ax.set_yticks(list(y), names, fontsize=6)
-    ax.invert_yaxis()
-    ax.set(xlabel="GFLOPS", title="best program against numpy and this machine's peak")
-    ax.legend(fontsize=7)
+    labels = [f"{e.key}\n{_wrap(e.label, 3.2, LABEL_PT)}" for e in exps]
+    series = [("eqsched best", "tab:blue", "none correct",
+               [e.summary.get("best_gflops") for e in exps])]
+    if any(numpy.get(e.key) for e in exps):  # else numpy was not timed at all
+        series.append(("numpy (1 thread)", "tab:green", "not timed",
+                       [numpy.get(e.key) for e in exps]))
+    series.append(("peak (FMA)", "lightgrey", "unknown",
+                   [e.summary.get("peak_gflops") for e in exps]))
+    bar_in = 0.2
+    row_in = max(len(series) * bar_in, max(t.count("\n") + 1 for t in labels) * LABEL_PT *
+                 LINE_IN) + 0.25
+    label_in = _text_width(labels, LABEL_PT)
+    width = label_in + 6.0
+    fig, axes = _figure(plt, width, len(exps) * row_in + 1.4)
+    ax = axes[0, 0]
+    values = [v for *_, vs in series for v in vs if v]
+    # GFLOPS spanning orders of magnitude (a tiny workload beside the peak) on a log axis, where
+    # every bar stays visible; each bar carries its value.
+    log = bool(values) and max(values) > 100 * min(values)
+    lo = min(values) / 2 if log else 0.0
+    bar = bar_in / row_in  # in rows
+    for n, (name, color, missing, vs) in enumerate(series):
+        y = [i + (n - (len(series) - 1) / 2) * bar for i in range(len(exps))]
+        bars = ax.barh(y, [v - lo if v else 0.0 for v in vs], height=bar * 0.9, left=lo,
+                       color=color, label=name)
+        ax.bar_label(bars, [f"{v:.3g}" if v else missing for v in vs], padding=3,
+                     fontsize=LABEL_PT - 1)
+    if log:
+        ax.set_xscale("log")
+    value_in = _text_width(["none correct"], LABEL_PT - 1)
+    ax.set_xlim(lo, _room_for_labels(lo, max(values), value_in, width - label_in - 0.8, log)
+                if values else 1.0)
+    ax.set_yticks(range(len(exps)), labels, fontsize=LABEL_PT)
+    ax.set_ylim(len(exps) - 0.5, -0.5)  # first exploration on top
+    ax.set_xlabel("GFLOPS (log scale)" if log else "GFLOPS", fontsize=LABEL_PT)
+    ax.tick_params(axis="x", labelsize=LABEL_PT)
+    fig.suptitle("best program against numpy and this machine's peak", fontsize=TITLE_PT)
+    _legend(ax, fig, loc="outside lower center", ncols=len(series), frameon=False)
     return _save(fig, path)
 
 

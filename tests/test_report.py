@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -9,7 +10,14 @@ from eqsched.explore import Settings, explore
 
 pytest.importorskip("matplotlib")
 
-from eqsched.report import ReportError, write_report  # noqa: E402
+from eqsched.report import (  # noqa: E402
+    Exploration,
+    ReportError,
+    plot_predictions,
+    plot_progress,
+    plot_standing,
+    write_report,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -62,3 +70,26 @@ def test_an_empty_or_foreign_database_is_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "eqsched: error: junk.db is not an eqsched database (file is not a SQLite database)"]
+
+
+def test_building_the_report_writes_nothing_to_stderr(db, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "eqsched", "report", "--db", str(db), "--out",
+                           str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no matplotlib warning (empty legend, layout) on the way
+
+
+def test_figures_of_an_exploration_with_nothing_measured_warn_nothing(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    empty = Exploration("matmul", [16, 16, 16], "analytic, seed 0, 4 trials, default rules",
+                        [{"summary": {}}], [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        files = [plot_progress(plt, empty.key, [empty], tmp_path / "progress.png"),
+                 plot_predictions(plt, empty.key, [empty], tmp_path / "predicted.png"),
+                 plot_standing(plt, [empty], {}, tmp_path / "standing.png")]
+    assert all(f.read_bytes().startswith(PNG) for f in files)

@@ -119,3 +119,71 @@ def test_strided_conv2d_numpy_fn_agrees_with_the_reference():
                              tolerance(comp))
     assert ok, message
     assert np.isfinite(reference(comp, inputs)["Y"]).all()
+
+
+def _prepared_agrees_on_every_call(name, size):
+    """The prepared baseline agrees with the float64 reference, again after its output buffers
+    are poisoned (every call rewrites them all), and after the inputs are refilled in place
+    (every call reads them anew)."""
+    wl = get_workload(name)
+    comp = wl.build(*size)
+    inputs = random_inputs(comp, seed=6)
+    run = wl.numpy_baseline(inputs, *size)
+    first = run()
+    ok, _, message = compare(first, reference(comp, inputs), tolerance(comp))
+    assert ok, message
+    kept = {k: v.copy() for k, v in first.items()}
+    for array in first.values():
+        array.fill(np.nan)
+    second = run()
+    assert second.keys() == kept.keys()
+    for k in kept:
+        np.testing.assert_array_equal(second[k], kept[k])
+    for k, v in random_inputs(comp, seed=7).items():
+        inputs[k][...] = v
+    ok, _, message = compare(run(), reference(comp, inputs), tolerance(comp))
+    assert ok, f"after refilling the inputs: {message}"
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_prepared_numpy_baseline_agrees_with_the_reference_call_after_call(name):
+    wl = get_workload(name)
+    assert wl.numpy_prepare is not None  # built-ins allocate their buffers once
+    _prepared_agrees_on_every_call(name, wl.small_size)
+
+
+@pytest.mark.parametrize("size", [(2, 3, 9, 8, 4, 3, 2, 2, 1), (1, 2, 7, 7, 3, 5, 3, 3, 2),
+                                  (1, 2, 6, 5, 2, 3, 3, 1, 0), (1, 2, 1, 4, 2, 3, 3, 1, 1)])
+def test_prepared_conv2d_baseline_handles_stride_and_padding(size):
+    _prepared_agrees_on_every_call("conv2d_nchw", size)
+
+
+def test_a_workload_with_only_numpy_fn_is_timed_through_it():
+    calls = []
+
+    def double(ins, n):
+        calls.append(n)
+        return {"Y": ins["X"] * 2}
+
+    @workload("test_only_numpy_fn", params=("n",), default=(8,), small=(3,), numpy_fn=double)
+    def only_numpy_fn(n):
+        """Y = 2 X."""
+        X = placeholder((n,), "X")
+        return Computation("only_numpy_fn", [compute((n,), lambda i: X[i] * 2.0, "Y")])
+
+    wl = get_workload("test_only_numpy_fn")
+    inputs = {"X": np.arange(3, dtype=np.float32)}
+    run = wl.numpy_baseline(inputs, 3)
+    assert calls == []
+    np.testing.assert_array_equal(run()["Y"], [0, 2, 4])
+    assert calls == [3]
+    with pytest.raises(WorkloadError, match="takes 1 sizes"):
+        wl.numpy_baseline(inputs, 3, 4)
+
+    @workload("test_no_numpy", params=("n",), default=(8,), small=(3,))
+    def no_numpy(n):
+        """Y = 2 X."""
+        return only_numpy_fn(n)
+
+    with pytest.raises(WorkloadError, match="test_no_numpy has no numpy implementation"):
+        get_workload("test_no_numpy").numpy_baseline(inputs, 3)
