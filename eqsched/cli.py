@@ -460,7 +460,8 @@ COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machin
             "space": _cmd_space, "explore": _cmd_explore}
 # Research tools keep their subcommand beside their code: each module's `add_parser(sub)` adds
 # one subparser whose `run` default takes the parsed arguments and returns the exit status.
-FEATURE_COMMANDS = ("eqsched.batch", "eqsched.report", "eqsched.rulekit", "eqsched.experiments")
+FEATURE_COMMANDS = ("eqsched.tools.batch", "eqsched.tools.report", "eqsched.tools.rulekit",
+                    "eqsched.tools.experiments")
 
 
 def main(argv: list[str] | None = None) -> int:

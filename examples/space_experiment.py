@@ -14,8 +14,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from eqsched.experiments import compare_spaces, measure_distribution, rank_quality
 from eqsched.explore import Settings
+from eqsched.tools.experiments import compare_spaces, measure_distribution, rank_quality
 from eqsched.workloads import get_workload
 
 

@@ -12,9 +12,9 @@ from eqsched.cli import main
 from eqsched.db import Database
 from eqsched.egraph.derive import realize
 from eqsched.egraph.space import build_space
-from eqsched.experiments import compare_spaces, measure_distribution, rank_quality, wilson
 from eqsched.explore import Settings
 from eqsched.ir import naive_program
+from eqsched.tools.experiments import compare_spaces, measure_distribution, rank_quality, wilson
 from eqsched.workloads import get_workload
 
 SMALL = get_workload("matmul").small_size

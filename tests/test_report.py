@@ -9,7 +9,7 @@ from eqsched.explore import Settings, explore
 
 pytest.importorskip("matplotlib")
 
-from eqsched.report import ReportError, write_report  # noqa: E402
+from eqsched.tools.report import ReportError, write_report  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -87,7 +87,7 @@ class Suite:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "<suite>") -> Suite:
-        from .workloads import get_workload
+        from ..workloads import get_workload
 
         unknown = set(data) - {"defaults", "explore"}
         if unknown:
@@ -138,8 +138,8 @@ def _size(wl: Any, spec: Any, at: str) -> tuple[int, ...]:
 
 
 def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
-    from .extract import COST_MODELS
-    from .rules import resolve
+    from ..extract import COST_MODELS
+    from ..rules import resolve
 
     out = {}
     for key, value in table.items():
@@ -169,9 +169,9 @@ def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
 
 def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
     """The summary of a finished run of exactly this job in the database, if there is one."""
-    from .db import Database
-    from .explore import Settings
-    from .rules import resolve
+    from ..db import Database
+    from ..explore import Settings
+    from ..rules import resolve
 
     c = job.settings()
     if not Path(db_path).exists():
@@ -191,7 +191,7 @@ def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
 def run_job(job: Job, db_path: str) -> dict[str, Any]:
     """Explore one job into the database; returns its summary row. Never raises for a failed
     exploration: the error is the row's."""
-    from .explore import Settings, explore
+    from ..explore import Settings, explore
 
     done = finished_row(job, db_path)
     if done is not None:
@@ -364,7 +364,7 @@ def run_batch(suite: Suite, db: str | Path, jobs: int = 1, executor: str = "loca
     if executor not in ("local", "ray"):
         raise BatchError(f"unknown executor {executor!r} (local or ray)")
     db_path = str(Path(db).resolve())
-    from .db import Database
+    from ..db import Database
 
     Database(db_path).close()  # a corrupt or foreign file fails here, before any job starts
     say = progress or (lambda event, data: None)
@@ -393,8 +393,8 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_batch(args: Any) -> int:
-    from .cli import CliError
-    from .db import DatabaseError
+    from ..cli import CliError
+    from ..db import DatabaseError
 
     try:
         suite = Suite.load(args.suite)

@@ -1,7 +1,7 @@
 """Space experiments: compare two rule sets' spaces, measure a uniform sample of one, and rate how
 well cost models rank it.
 
-    from eqsched.experiments import compare_spaces, measure_distribution, rank_quality
+    from eqsched.tools.experiments import compare_spaces, measure_distribution, rank_quality
 
     cmp = compare_spaces("matmul", (256, 256, 256), None, "-pack", samples=200)
     print(cmp.text())                  # sizes of both spaces, overlap both ways with 95% intervals
@@ -37,17 +37,17 @@ from typing import Any
 
 import numpy as np
 
-from .db import Database, Record
-from .egraph.derive import DeriveError, derive, realize
-from .egraph.saturate import Limits, saturate
-from .egraph.space import Space
-from .egraph.term import show
-from .extract import cost_model_for
-from .ir import Program, naive_program
-from .runner import Measurement, measure
-from .schedule import ScheduleError
-from .trials import Settings, measurement_key
-from .workloads import get_workload
+from ..db import Database, Record
+from ..egraph.derive import DeriveError, derive, realize
+from ..egraph.saturate import Limits, saturate
+from ..egraph.space import Space
+from ..egraph.term import show
+from ..extract import cost_model_for
+from ..ir import Program, naive_program
+from ..runner import Measurement, measure
+from ..schedule import ScheduleError
+from ..trials import Settings, measurement_key
+from ..workloads import get_workload
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 TOP_FRACTION = 0.1  # rank_quality's top-k: the fastest tenth
@@ -158,7 +158,7 @@ def compare_spaces(workload: str, size: Sequence[int] | None, rules_a: Any, rule
 
 
 def _space(naive: Program, rules: Any, limits: Limits | None) -> tuple[Space, SpaceStats]:
-    from .rules import resolve
+    from ..rules import resolve
 
     sat = saturate(naive, resolve(rules), limits)
     space = Space(sat)
@@ -341,8 +341,8 @@ def measure_distribution(workload: str, size: Sequence[int] | None = None, rules
     `max_draws` draws, default 50 per sample), measure each against numpy and return the GFLOPS
     distribution. With `db`, stored measurements are used and new ones stored at once (so an
     interrupted call keeps them). `settings` default to Settings(threads=1): one-core numbers."""
-    from .extract.search import MAX_UNROLLED, unrolled_copies
-    from .rules import resolve
+    from ..extract.search import MAX_UNROLLED, unrolled_copies
+    from ..rules import resolve
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -429,7 +429,7 @@ def rank_quality(data: Distribution | Sequence[tuple[Program, float]],
     out one, so a learned model never predicts a point it was fitted on (models that do not learn
     predict as they would on the whole set). `threads`: what the built-in models predict for
     (a Distribution's own settings win)."""
-    from .extract.cost import CostModel, kendall, spearman
+    from ..extract.cost import CostModel, kendall, spearman
 
     if isinstance(data, Distribution):
         threads = data.settings.options().thread_count
@@ -466,7 +466,7 @@ def rank_quality(data: Distribution | Sequence[tuple[Program, float]],
 def _held_out_predictions(spec: Any, programs: list[Program], times: np.ndarray,
                           parts: list[list[int]], threads: int) -> np.ndarray:
     """Predictions of every program by a model that never learned from it."""
-    from .extract.cost import CostModel
+    from ..extract.cost import CostModel
 
     def fresh() -> CostModel:
         return copy.deepcopy(spec) if isinstance(spec, CostModel) else cost_model_for(spec, threads)
@@ -535,7 +535,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _problem(args: Any) -> tuple[str, tuple[int, ...], Limits]:
-    from .cli import parse_limits, parse_size
+    from ..cli import parse_limits, parse_size
 
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
@@ -544,8 +544,8 @@ def _problem(args: Any) -> tuple[str, tuple[int, ...], Limits]:
 
 def _rules(spec: str) -> Any:
     """A CLI rule spec, checked now so a typo fails before any saturation."""
-    from .cli import CliError
-    from .rules import RuleError, resolve
+    from ..cli import CliError
+    from ..rules import RuleError, resolve
 
     if spec == "default":
         return None
@@ -557,7 +557,7 @@ def _rules(spec: str) -> Any:
 
 
 def _at_least_one(args: Any, *names: str) -> None:
-    from .cli import CliError
+    from ..cli import CliError
 
     for name in names:
         if getattr(args, name) < 1:
@@ -582,8 +582,8 @@ def _stderr_progress(i: int, n: int, s: Sample) -> None:
 
 
 def _distribution(args: Any) -> Distribution:
-    from .cli import CliError
-    from .db import DatabaseError
+    from ..cli import CliError
+    from ..db import DatabaseError
 
     _at_least_one(args, "samples", "threads", "repeats")
     workload, size, limits = _problem(args)
@@ -606,7 +606,7 @@ def _distribution(args: Any) -> Distribution:
 def _cmd_dist(args: Any) -> int:
     import json
 
-    from .cli import CliError
+    from ..cli import CliError
 
     _at_least_one(args, "bins")
     if args.plot:
@@ -646,8 +646,8 @@ def _dist_summary(dist: Distribution) -> str:
 def _cmd_ranking(args: Any) -> int:
     import json
 
-    from .cli import CliError
-    from .extract.cost import CostModelError
+    from ..cli import CliError
+    from ..extract.cost import CostModelError
 
     _at_least_one(args, "folds")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
