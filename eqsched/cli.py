@@ -25,6 +25,7 @@ import time
 from typing import Any, NoReturn
 
 from . import machine
+from .args import CliError, parse_limits, parse_size
 from .backend import BackendError
 from .egraph.dot import write_dot
 from .egraph.space import Space, SpaceError, rule_contributions
@@ -36,10 +37,6 @@ from .workloads import Workload, get_workload, list_workloads
 
 EXIT_WRONG_RESULT = 1
 EXIT_ERROR = 2
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,15 +122,6 @@ def _parser() -> argparse.ArgumentParser:
     for module in FEATURE_COMMANDS:
         importlib.import_module(module).add_parser(sub)
     return parser
-
-
-def parse_size(text: str, wl: Workload) -> tuple[int, ...]:
-    try:
-        size = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise CliError(f"bad --size {text!r}: expected integers separated by commas, "
-                       f"like {','.join(map(str, wl.default_size))}") from None
-    return wl.check_size(size)
 
 
 # ---- eqsched workloads ----------------------------------------------------------------------
@@ -267,25 +255,6 @@ def _cmd_machine(args: argparse.Namespace) -> int:
 
 
 # ---- eqsched space --------------------------------------------------------------------------
-
-
-def parse_limits(text: str | None) -> Any:
-    from .egraph.saturate import Limits
-
-    if not text:
-        return Limits()
-    fields = {"iterations": int, "enodes": int, "seconds": float}
-    values: dict[str, Any] = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        if name.strip() not in fields:
-            raise CliError(f"bad --limits item {item!r}: expected iterations=, enodes= or "
-                           f"seconds=, like iterations=20,enodes=200000,seconds=10")
-        try:
-            values[name.strip()] = fields[name.strip()](value)
-        except ValueError:
-            raise CliError(f"bad --limits value in {item!r}: not a number") from None
-    return Limits(**values)
 
 
 def _sample_rows(space: Any, n: int, seed: int) -> list[dict[str, Any]]:

@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..args import CliError
+
 CONFIG_KEYS = {"trials": int, "seconds": (int, float), "seed": int, "batch": int,
                "threads": int, "repeats": int, "rules": str, "cost_model": str}
 DEFAULTS = {"trials": 64, "seconds": None, "seed": 0, "batch": 16, "threads": None,
@@ -393,7 +395,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_batch(args: Any) -> int:
-    from ..cli import CliError
     from ..db import DatabaseError
 
     try:

@@ -535,7 +535,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _problem(args: Any) -> tuple[str, tuple[int, ...], Limits]:
-    from ..cli import parse_limits, parse_size
+    from ..args import parse_limits, parse_size
 
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
@@ -544,7 +544,7 @@ def _problem(args: Any) -> tuple[str, tuple[int, ...], Limits]:
 
 def _rules(spec: str) -> Any:
     """A CLI rule spec, checked now so a typo fails before any saturation."""
-    from ..cli import CliError
+    from ..args import CliError
     from ..rules import RuleError, resolve
 
     if spec == "default":
@@ -557,7 +557,7 @@ def _rules(spec: str) -> Any:
 
 
 def _at_least_one(args: Any, *names: str) -> None:
-    from ..cli import CliError
+    from ..args import CliError
 
     for name in names:
         if getattr(args, name) < 1:
@@ -582,7 +582,7 @@ def _stderr_progress(i: int, n: int, s: Sample) -> None:
 
 
 def _distribution(args: Any) -> Distribution:
-    from ..cli import CliError
+    from ..args import CliError
     from ..db import DatabaseError
 
     _at_least_one(args, "samples", "threads", "repeats")
@@ -606,7 +606,7 @@ def _distribution(args: Any) -> Distribution:
 def _cmd_dist(args: Any) -> int:
     import json
 
-    from ..cli import CliError
+    from ..args import CliError
 
     _at_least_one(args, "bins")
     if args.plot:
@@ -646,7 +646,7 @@ def _dist_summary(dist: Distribution) -> str:
 def _cmd_ranking(args: Any) -> int:
     import json
 
-    from ..cli import CliError
+    from ..args import CliError
     from ..extract.cost import CostModelError
 
     _at_least_one(args, "folds")

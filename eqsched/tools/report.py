@@ -353,7 +353,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_report(args: Any) -> int:
-    from ..cli import CliError
+    from ..args import CliError
 
     try:
         report = write_report(args.db, args.out, numpy=not args.no_numpy,

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..args import CliError
 from ..egraph.derive import build_unchecked
 from ..egraph.encode import encode
 from ..egraph.saturate import Limits, saturate
@@ -289,7 +290,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_rules(args: Any) -> int:
-    from ..cli import CliError
     from ..rules import RuleError
 
     try:
