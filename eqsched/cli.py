@@ -17,7 +17,6 @@ that runs but computes a wrong result exits with status 1.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import resource
 import sys
@@ -33,6 +32,7 @@ from .ir import LoopKind, Program, naive_program
 from .runner import DEFAULT_TIMEOUT_S, Measurement, measure
 from .schedule import Schedule, ScheduleError, load_trace
 from .te import WorkloadError
+from .tools import batch, compare, distribution, experiment, ranking, report, rulekit
 from .workloads import Workload, get_workload, list_workloads
 
 EXIT_WRONG_RESULT = 1
@@ -119,8 +119,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="write the best program's trace (replay with `eqsched run --schedule`)")
     exp.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
-    for module in FEATURE_COMMANDS:
-        importlib.import_module(module).add_parser(sub)
+    for tool in TOOLS:
+        tool.add_parser(sub)
+    experiment.add_parser(sub, EXPERIMENTS)
     return parser
 
 
@@ -429,8 +430,8 @@ COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machin
             "space": _cmd_space, "explore": _cmd_explore}
 # Research tools keep their subcommand beside their code: each module's `add_parser(sub)` adds
 # one subparser whose `run` default takes the parsed arguments and returns the exit status.
-FEATURE_COMMANDS = ("eqsched.tools.batch", "eqsched.tools.report", "eqsched.tools.rulekit",
-                    "eqsched.tools.experiments")
+TOOLS = (batch, report, rulekit)
+EXPERIMENTS = (compare, distribution, ranking)  # under `eqsched experiment`
 
 
 def main(argv: list[str] | None = None) -> int:
