@@ -172,8 +172,8 @@ def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
 def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
     """The summary of a finished run of exactly this job in the database, if there is one."""
     from ..db import Database
-    from ..explore import Settings
     from ..rules import resolve
+    from ..trials import Settings
 
     c = job.settings()
     if not Path(db_path).exists():
@@ -193,7 +193,8 @@ def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
 def run_job(job: Job, db_path: str) -> dict[str, Any]:
     """Explore one job into the database; returns its summary row. Never raises for a failed
     exploration: the error is the row's."""
-    from ..explore import Settings, explore
+    from ..explore import explore
+    from ..trials import Settings
 
     done = finished_row(job, db_path)
     if done is not None:

@@ -197,7 +197,8 @@ def _effect(rule: Any, workload: str) -> dict[str, Any]:
 
 
 def _best_gflops(rule: Any, trials: int, size: tuple[int, ...]) -> dict[str, Any]:
-    from ..explore import Settings, explore
+    from ..explore import explore
+    from ..trials import Settings
 
     out = {"workload": "matmul", "size": list(size), "trials": trials}
     with tempfile.TemporaryDirectory() as tmp:
