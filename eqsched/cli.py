@@ -17,7 +17,6 @@ that runs but computes a wrong result exits with status 1.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import resource
 import sys
@@ -25,6 +24,7 @@ import time
 from typing import Any, NoReturn
 
 from . import machine
+from .args import CliError, parse_limits, parse_size
 from .backend import BackendError
 from .egraph.dot import write_dot
 from .egraph.space import Space, SpaceError, rule_contributions
@@ -32,14 +32,11 @@ from .ir import LoopKind, Program, naive_program
 from .runner import DEFAULT_TIMEOUT_S, Measurement, measure
 from .schedule import Schedule, ScheduleError, load_trace
 from .te import WorkloadError
+from .tools import batch, compare, distribution, experiment, ranking, report, rulekit
 from .workloads import Workload, get_workload, list_workloads
 
 EXIT_WRONG_RESULT = 1
 EXIT_ERROR = 2
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,18 +119,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="write the best program's trace (replay with `eqsched run --schedule`)")
     exp.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
-    for module in FEATURE_COMMANDS:
-        importlib.import_module(module).add_parser(sub)
+    for tool in TOOLS:
+        tool.add_parser(sub)
+    experiment.add_parser(sub, EXPERIMENTS)
     return parser
-
-
-def parse_size(text: str, wl: Workload) -> tuple[int, ...]:
-    try:
-        size = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise CliError(f"bad --size {text!r}: expected integers separated by commas, "
-                       f"like {','.join(map(str, wl.default_size))}") from None
-    return wl.check_size(size)
 
 
 # ---- eqsched workloads ----------------------------------------------------------------------
@@ -267,25 +256,6 @@ def _cmd_machine(args: argparse.Namespace) -> int:
 
 
 # ---- eqsched space --------------------------------------------------------------------------
-
-
-def parse_limits(text: str | None) -> Any:
-    from .egraph.saturate import Limits
-
-    if not text:
-        return Limits()
-    fields = {"iterations": int, "enodes": int, "seconds": float}
-    values: dict[str, Any] = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        if name.strip() not in fields:
-            raise CliError(f"bad --limits item {item!r}: expected iterations=, enodes= or "
-                           f"seconds=, like iterations=20,enodes=200000,seconds=10")
-        try:
-            values[name.strip()] = fields[name.strip()](value)
-        except ValueError:
-            raise CliError(f"bad --limits value in {item!r}: not a number") from None
-    return Limits(**values)
 
 
 def _sample_rows(space: Any, n: int, seed: int) -> list[dict[str, Any]]:
@@ -460,7 +430,8 @@ COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machin
             "space": _cmd_space, "explore": _cmd_explore}
 # Research tools keep their subcommand beside their code: each module's `add_parser(sub)` adds
 # one subparser whose `run` default takes the parsed arguments and returns the exit status.
-FEATURE_COMMANDS = ("eqsched.batch", "eqsched.report", "eqsched.rulekit", "eqsched.experiments")
+TOOLS = (batch, report, rulekit)
+EXPERIMENTS = (compare, distribution, ranking)  # under `eqsched experiment`
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from eqsched.batch import Suite, run_batch
+from eqsched.tools.batch import Suite, run_batch
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from eqsched.rules import Rule, register
 from eqsched.rules.analysis import b, blocks_only, g, p
 
 from eqsched.egraph.lang import Kind, loop
-from eqsched.rulekit import check_rule
+from eqsched.tools.rulekit import check_rule
 
 
 @register

@@ -14,8 +14,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from eqsched.experiments import compare_spaces, measure_distribution, rank_quality
 from eqsched.explore import Settings
+from eqsched.tools.compare import compare_spaces
+from eqsched.tools.distribution import measure_distribution
+from eqsched.tools.ranking import rank_quality
 from eqsched.workloads import get_workload
 
 

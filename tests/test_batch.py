@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from eqsched.batch import BatchError, Suite, run_batch
 from eqsched.db import Database
+from eqsched.tools.batch import BatchError, Suite, run_batch
 
 TINY = """
 [defaults]

@@ -10,7 +10,7 @@ from eqsched.explore import Settings, explore
 
 pytest.importorskip("matplotlib")
 
-from eqsched.report import (  # noqa: E402
+from eqsched.tools.report import (  # noqa: E402
     Exploration,
     ReportError,
     plot_predictions,

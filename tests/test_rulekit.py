@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from eqsched.rules import DEFAULT, RULES, RuleError
 
-from eqsched.rulekit import check_rule, load_module, rule_rows
+from eqsched.tools.rulekit import check_rule, load_module, rule_rows
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .db import Database, DatabaseError, workload_key
+from ..db import Database, DatabaseError, workload_key
 
 
 class ReportError(ValueError):
@@ -71,7 +71,7 @@ def _label(run: dict, default_rules: list[str]) -> str:
 
 
 def explorations(db: Database) -> list[Exploration]:
-    from .rules import default_rules
+    from ..rules import default_rules
 
     defaults = [r.name for r in default_rules()]
     groups: dict[tuple, Exploration] = {}
@@ -222,7 +222,7 @@ def plot_progress(plt: Any, key: str, exps: list[Exploration], path: Path) -> Pa
 
 
 def plot_predictions(plt: Any, key: str, exps: list[Exploration], path: Path) -> Path:
-    from .extract.cost import spearman
+    from ..extract.cost import spearman
 
     panels = []  # per exploration: its points and legend labels, by round
     for e in exps:
@@ -276,10 +276,10 @@ def plot_predictions(plt: Any, key: str, exps: list[Exploration], path: Path) ->
 def space_counts(exps: list[Exploration], cache: Path) -> dict[str, dict[str, int]]:
     """For each problem: its default space's program count and the count without each rule
     (cached in `cache`: one saturation per rule)."""
-    from .egraph.space import build_space, rule_contributions
-    from .ir import naive_program
-    from .rules import RULES, default_rules
-    from .workloads import get_workload
+    from ..egraph.space import build_space, rule_contributions
+    from ..ir import naive_program
+    from ..rules import RULES, default_rules
+    from ..workloads import get_workload
 
     known = json.loads(cache.read_text()) if cache.exists() else {}
     for key, group in _by_problem(exps).items():
@@ -325,8 +325,8 @@ def numpy_gflops(workload: str, size: list[int], repeats: int = 5) -> float | No
     once, outside the timing), one BLAS thread when threadpoolctl can limit it."""
     import contextlib
 
-    from .reference import random_inputs
-    from .workloads import get_workload
+    from ..reference import random_inputs
+    from ..workloads import get_workload
 
     wl = get_workload(workload)
     if wl.numpy_fn is None:
@@ -398,8 +398,8 @@ def write_report(db_path: str | Path, out_dir: str | Path, numpy: bool = True,
                  space: bool = True) -> Report:
     """Write `out_dir`/index.html and its PNGs from the database at `db_path`."""
     plt = _pyplot()
-    from .db import machine_fingerprint
-    from .machine import facts
+    from ..db import machine_fingerprint
+    from ..machine import facts
 
     with Database(db_path, readonly=True) as db:
         exps = explorations(db)
@@ -502,7 +502,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_report(args: Any) -> int:
-    from .cli import CliError
+    from ..args import CliError
 
     try:
         report = write_report(args.db, args.out, numpy=not args.no_numpy,

@@ -29,13 +29,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .egraph.derive import build_unchecked
-from .egraph.encode import encode
-from .egraph.saturate import Limits, saturate
-from .egraph.space import Space
-from .egraph.term import show
-from .ir import Program, naive_program
-from .workloads import get_workload, list_workloads
+from ..args import CliError
+from ..egraph.derive import build_unchecked
+from ..egraph.encode import encode
+from ..egraph.saturate import Limits, saturate
+from ..egraph.space import Space
+from ..egraph.term import show
+from ..ir import Program, naive_program
+from ..workloads import get_workload, list_workloads
 
 AFTERS_PER_PROGRAM = 4
 DRAWS_PER_PROGRAM = 256  # the changed structures are a minority of the sizes drawn
@@ -85,14 +86,14 @@ class RuleCheck:
 
 def _one_step(term: Any, naive: Program, rule: Any) -> Space:
     """The space of `term` after `rule` (and the analyses it needs) ran ITERATIONS times."""
-    from .rules import resolve
+    from ..rules import resolve
 
     return Space(saturate(naive, resolve([rule]), Limits(iterations=ITERATIONS), start=term))
 
 
 def _legality(prog: Program) -> str:
-    from .legality import check_program
-    from .schedule import ScheduleError
+    from ..legality import check_program
+    from ..schedule import ScheduleError
 
     try:
         check_program(prog)
@@ -103,7 +104,7 @@ def _legality(prog: Program) -> str:
 
 def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: int,
                say: Any) -> None:
-    from .rules import resolve
+    from ..rules import resolve
 
     wl = get_workload(workload)
     size = wl.small_size
@@ -152,7 +153,7 @@ def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: 
 
 def _run_after(workload: str, size: list[int], naive: Program, before: Program, term: Any,
                sizes: Any) -> Failure | None:
-    from .runner import measure
+    from ..runner import measure
 
     def failed(kind: str, detail: str, after: str = "", legality: str = "") -> Failure:
         return Failure(workload, size, kind, detail.splitlines()[0], before.text(), after,
@@ -174,14 +175,14 @@ def _run_after(workload: str, size: list[int], naive: Program, before: Program, 
 
 def _rule_sets(rule: Any) -> dict[str, list]:
     """The default rule set with the rule (added if it is not a default one) and without it."""
-    from .rules import DEFAULT
+    from ..rules import DEFAULT
 
     return {"with": list(DEFAULT) if rule.name in DEFAULT else [*DEFAULT, rule],
             "without": [name for name in DEFAULT if name != rule.name]}
 
 
 def _effect(rule: Any, workload: str) -> dict[str, Any]:
-    from .rules import resolve
+    from ..rules import resolve
 
     wl = get_workload(workload)
     naive = naive_program(wl.build(*wl.small_size))
@@ -196,7 +197,8 @@ def _effect(rule: Any, workload: str) -> dict[str, Any]:
 
 
 def _best_gflops(rule: Any, trials: int, size: tuple[int, ...]) -> dict[str, Any]:
-    from .explore import Settings, explore
+    from ..explore import explore
+    from ..trials import Settings
 
     out = {"workload": "matmul", "size": list(size), "trials": trials}
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,7 +215,7 @@ def check_rule(rule: Any, workloads: list[str] | None = None, programs: int = 6,
                progress: Any = None) -> RuleCheck:
     """Fuzz `rule` (a Rule or a registered name) for soundness and report its effect; see the
     module docstring."""
-    from .rules import RULES, RuleError
+    from ..rules import RULES, RuleError
 
     if isinstance(rule, str):
         if rule not in RULES:
@@ -242,7 +244,7 @@ def check_rule(rule: Any, workloads: list[str] | None = None, programs: int = 6,
 
 def load_module(path: str) -> None:
     """Import a Python file by path; its `@register` rules join the registry."""
-    from .rules import RuleError
+    from ..rules import RuleError
 
     file = Path(path)
     if not file.is_file():
@@ -257,7 +259,7 @@ def load_module(path: str) -> None:
 
 
 def rule_rows() -> list[dict[str, Any]]:
-    from .rules import DEFAULT, RULES
+    from ..rules import DEFAULT, RULES
 
     rows = []
     for name, rule in sorted(RULES.items()):
@@ -289,8 +291,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_rules(args: Any) -> int:
-    from .cli import CliError
-    from .rules import RuleError
+    from ..rules import RuleError
 
     try:
         for path in args.module:

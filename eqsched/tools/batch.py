@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..args import CliError
+
 CONFIG_KEYS = {"trials": int, "seconds": (int, float), "seed": int, "batch": int,
                "threads": int, "repeats": int, "rules": str, "cost_model": str}
 DEFAULTS = {"trials": 64, "seconds": None, "seed": 0, "batch": 16, "threads": None,
@@ -87,7 +89,7 @@ class Suite:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "<suite>") -> Suite:
-        from .workloads import get_workload
+        from ..workloads import get_workload
 
         unknown = set(data) - {"defaults", "explore"}
         if unknown:
@@ -138,8 +140,8 @@ def _size(wl: Any, spec: Any, at: str) -> tuple[int, ...]:
 
 
 def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
-    from .extract import COST_MODELS
-    from .rules import resolve
+    from ..extract import COST_MODELS
+    from ..rules import resolve
 
     out = {}
     for key, value in table.items():
@@ -169,9 +171,9 @@ def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
 
 def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
     """The summary of a finished run of exactly this job in the database, if there is one."""
-    from .db import Database
-    from .explore import Settings
-    from .rules import resolve
+    from ..db import Database
+    from ..rules import resolve
+    from ..trials import Settings
 
     c = job.settings()
     if not Path(db_path).exists():
@@ -191,7 +193,8 @@ def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
 def run_job(job: Job, db_path: str) -> dict[str, Any]:
     """Explore one job into the database; returns its summary row. Never raises for a failed
     exploration: the error is the row's."""
-    from .explore import Settings, explore
+    from ..explore import explore
+    from ..trials import Settings
 
     done = finished_row(job, db_path)
     if done is not None:
@@ -364,7 +367,7 @@ def run_batch(suite: Suite, db: str | Path, jobs: int = 1, executor: str = "loca
     if executor not in ("local", "ray"):
         raise BatchError(f"unknown executor {executor!r} (local or ray)")
     db_path = str(Path(db).resolve())
-    from .db import Database
+    from ..db import Database
 
     Database(db_path).close()  # a corrupt or foreign file fails here, before any job starts
     say = progress or (lambda event, data: None)
@@ -393,8 +396,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_batch(args: Any) -> int:
-    from .cli import CliError
-    from .db import DatabaseError
+    from ..db import DatabaseError
 
     try:
         suite = Suite.load(args.suite)
