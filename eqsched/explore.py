@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import machine
 from .db import Database
@@ -40,6 +40,9 @@ from .extract.cost import kendall, spearman
 from .ir import Program, naive_program
 from .trials import Measurer, Settings, TimingGate, Trial, has_parallel_loops
 from .workloads import get_workload
+
+if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not on import
+    from .rules import Spec as RuleSpec
 
 DEFAULT_DB = "eqsched.db"
 __all__ = ["DEFAULT_DB", "ExploreResult", "Progress", "Round", "Settings", "Trial", "explore"]
@@ -114,7 +117,8 @@ Progress = Callable[[str, dict[str, Any]], None]
 
 def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int = 64,
             seconds: float | None = None, db: str | Path | Database = DEFAULT_DB, seed: int = 0,
-            cost_model: Any = "learned", rules: Any = None, limits: Limits | None = None,
+            cost_model: str | CostModel = "learned", rules: RuleSpec = None,
+            limits: Limits | None = None,
             batch: int = 16, jobs: int = 1, settings: Settings | None = None,
             measure_naive: bool = True, progress: Progress | None = None) -> ExploreResult:
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for

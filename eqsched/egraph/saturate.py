@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from egglog import EGraph, RunReport, ruleset, unstable_combine_rulesets
+from egglog import EGraph, Ruleset, RunReport, Schedule, ruleset, unstable_combine_rulesets
 
 from ..ir import Program
 from .encode import encode
@@ -148,7 +148,8 @@ class Runner:
             if time.perf_counter() - self.start > self.limits.seconds:
                 return "time_limit"
 
-    def _rulesets(self, rules: Sequence[RewriteRule]) -> tuple[Any, Any, dict[Any, str]]:
+    def _rulesets(self, rules: Sequence[RewriteRule]
+                  ) -> tuple[Schedule, Schedule, dict[object, str]]:
         """Per-rule egglog rulesets, combined into one analysis and one growth ruleset, and the
         rule name of every egglog rule (to attribute matches)."""
         analysis, growth, names = [], [], {}
@@ -161,18 +162,18 @@ class Runner:
             (growth if rule.growth else analysis).append(rs)
         return _combine(analysis), _combine(growth), names
 
-    def _count(self, report: RunReport, names: dict[Any, str]) -> bool:
+    def _count(self, report: RunReport, names: dict[object, str]) -> bool:
         for decl, n in report.num_matches_per_rule.items():
             self.matches[names.get(decl, str(decl))] += n
         return bool(report.updated)
 
 
-def _decls(rs: Any) -> list:
+def _decls(rs: Ruleset) -> list:
     """The egglog declarations of a ruleset's rules (the keys of RunReport's match counts)."""
     return list(rs._current_egg_decls._rulesets[rs.ident].rules)
 
 
-def _combine(rulesets: list[Any]) -> Any:
+def _combine(rulesets: list[Ruleset]) -> Schedule:
     if not rulesets:
         return ruleset(name=f"empty_{len(rulesets)}_{time.perf_counter_ns()}")
     return rulesets[0] if len(rulesets) == 1 else unstable_combine_rulesets(*rulesets)
