@@ -188,8 +188,8 @@ def _saturate(naive: Program, rules: list, limits: Limits | None
 def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
             peak_gflops_per_core: float) -> EvolutionarySearch:
     """The run's search: it waits while a candidate is timed. A first-round population predicted
-    at half of one core's peak or better needs no more islands (half of all cores' peak kept
-    conv2d at three islands on two cores)."""
+    at half of one core's peak or better needs no more islands (at all cores' peak the threshold
+    went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3)."""
     return EvolutionarySearch(
         space, model, seed=seed, wait_turn=gate.wait_turn,
         settled_s=space.naive.computation.flops / (0.5 * peak_gflops_per_core * 1e9))

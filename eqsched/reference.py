@@ -4,7 +4,7 @@ It reads the `Computation`, never a loop program, so every schedule is checked a
 the user wrote. Each stage is evaluated over boxes of its iteration domain (axis i of the box is
 array dimension i); reductions are cut into boxes along their axes so no intermediate exceeds
 `BUDGET_BYTES`. A sum of a product (matmul, conv2d) is contracted with `np.einsum` instead of
-materializing the product, which keeps matmul 1024^3 well under a second.
+materializing the product; matmul-shaped ones run in BLAS (docs/ARCHITECTURE.md §17.5).
 """
 
 from __future__ import annotations

@@ -112,8 +112,8 @@ def _run(job: _Job, timing: Callable[[], None]) -> Measurement:
         if not ok:
             return result
     # A slow candidate should not eat the exploration's budget: past `time_budget_s` of warmup
-    # and timing, stop (keeping at least `min_repeats` timed runs: one run of a noisy machine
-    # can be 30% off, and the search would chase it).
+    # and timing, stop (keeping at least `min_repeats` timed runs: one run on a noisy machine
+    # can be far off, and the search would chase it; docs/ARCHITECTURE.md §17.5).
     spent, budget = 0.0, job.time_budget_s if job.time_budget_s is not None else math.inf
     timing()  # before the warmup, which gives the caller time to quiet down
     for _ in range(job.warmup):

@@ -38,7 +38,7 @@ class Settings:
     repeats: int = 10
     warmup: int = 1
     time_budget_s: float = 0.3  # per candidate: a slow one gets min_repeats timed runs
-    min_repeats: int = 3  # one run on a shared machine can be 30% off (mm_exp_mm: 60-90 GFLOPS)
+    min_repeats: int = 3  # one run on a busy machine can be far off (docs/ARCHITECTURE.md §17.5)
     timeout_s: float = 120.0  # per candidate: compile, check and timing together
     input_seed: int = 0
     threads: int | None = None  # for parallel loops; None: every core (1: a one-core result)
@@ -76,8 +76,8 @@ class Trial:
 
 class TimingGate:
     """How many candidates are being timed: `wait_turn` blocks while any is. The search runs
-    beside the measurements but must not while a candidate is timed: its memory traffic slowed
-    mm_exp_mm's timings by up to 30%, and unevenly."""
+    beside the measurements but must not while a candidate is timed: its memory traffic slows
+    the timing, and unevenly (docs/ARCHITECTURE.md §17.5)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

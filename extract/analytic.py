@@ -40,10 +40,9 @@ calls. Lines at a power-of-two stride crowd into few L1 sets; lines fetched a pa
 1 KiB or more apart (a column walk), cost STRIDED_FILL times more: no prefetcher follows them.
 A parallel root loop divides its nest among `threads` cores.
 
-The numbers (Zen 4, measured on this machine where noted): 1 zmm FMA per cycle and latency 4
-(measured: 1, 2, 4 accumulators give 30, 55, 97-111 GFLOPS), 2 loads and 1 store of 256 bits
-per cycle, L2->L1 32 B/cycle, L3->L2 16 B/cycle, DRAM ~20 GB/s; 3.6 GHz unless `peak_gflops`
-says otherwise.
+The numbers are a Zen 4 core's: 1 zmm FMA per cycle and latency 4, 2 loads and 1 store of 256
+bits per cycle, L2->L1 32 B/cycle, L3->L2 16 B/cycle, DRAM ~20 GB/s; 3.6 GHz unless
+`peak_gflops` says otherwise. The latency was measured (docs/ARCHITECTURE.md §17.1).
 """
 
 from __future__ import annotations

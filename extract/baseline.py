@@ -3,9 +3,10 @@
     term = egglog_term(space)                     # e.g. the naive nest with the init fused in
     best = egglog_baseline(space, model, k=4)     # [(Candidate, predicted seconds), ...]
 
-PieceLoop cost multiplies by trip counts and depends on the loops around it, so a per-node additive
-cost (what egglog's extractor minimizes) cannot see what makes a schedule fast (DESIGN.md,
-Extraction); this is the yardstick the search is compared against, not a way to find programs.
+Loop cost multiplies by trip counts and depends on the loops around it, so a per-node additive
+cost (what egglog's extractor minimizes) cannot see what makes a schedule fast (see
+docs/ARCHITECTURE.md §4 The e-graph); this is the yardstick the search is compared against, not
+a way to find programs.
 egglog extracts structure only: the tile sizes are drawn at random and ranked by the model.
 """
 

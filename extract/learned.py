@@ -15,14 +15,12 @@ The fit is kept only if its leave-one-out ranking (closed form) of the faster ha
 measured programs beats the prior's ranking of them, and its ranking of all of them is at most
 GLOBAL_SLACK below the prior's; otherwise the model goes on predicting the prior. The faster half
 is what the search chooses from: a prior can rank a whole run well because it tells the first
-round's slow programs from the rest, and still tie or misorder the best family (mm_exp_mm: 64
-measurements, prior 0.79 overall but 0.40 on the faster half, the fit 0.74 and 0.48).
+round's slow programs from the rest, and still tie or misorder the best family
+(docs/ARCHITECTURE.md §17.4).
 
-Why a check at all (measured with the earlier check, on all programs): on random programs of
-six workloads (held-out Spearman, 8-64 measured), the analytic prior ranks 0.77-0.94 and an
-unchecked fit lowered that by up to 0.04 within a workload and 0.13 across workloads, while the
-checked model stays within 0.01 of the prior. Against a weak prior (iteration counts, 0.11-0.76)
-the fit raises it to 0.53-0.79 from 32 samples.
+Why a check at all: on random programs of several workloads an unchecked fit ranked held-out
+programs worse than the analytic prior, while the checked model stays at the prior's level;
+against a weak prior the fit ranks much better (docs/ARCHITECTURE.md §17.4).
 
     model = LearnedModel(prior=MyPrior())         # or prior="analytic", a registered name
     model.predict(programs)                       # seconds; the prior's while data is scarce
@@ -85,8 +83,8 @@ class _Ridge:
 class LearnedModel(CostModel):
     """Features of the program (plus the prior's log prediction) -> log seconds, by ridge
     regression anchored at the prior; the prior alone while it ranks the measurements better.
-    `l2` is the penalty on standardized weights: with 1 the unchecked fit ranked held-out
-    programs up to 0.13 lower than with 100, larger values only approach the prior.
+    `l2` is the penalty on standardized weights: a small one made the unchecked fit rank
+    held-out programs worse, larger values only approach the prior (docs/ARCHITECTURE.md §17.4).
     `validation` holds the last refit's leave-one-out Spearman of the fit and the prior's
     Spearman on the measured programs, all of them and the faster half (`_top`)."""
 

@@ -23,7 +23,7 @@ runs).
 
 `wait_turn`, if given, is called between small units of work (one realization, one batch of
 predictions) and may block: explore stops the search that way while a candidate is timed on
-the other core (a search running beside it made mm_exp_mm's timings 64-94 GFLOPS, not 90-92).
+the other core (a search running beside it skews the timing: docs/ARCHITECTURE.md §17.5).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from eqsched.schedule import ScheduleError
 from .cost import CostModel
 
 # Code-size limit (TVM's max_unroll_step): nested unrolled loops multiply, and LLVM takes minutes
-# on thousands of copies of a loop body (matmul 128^3 samples: 265 copies 3 s, 2065 > 120 s).
+# on thousands of copies of a loop body (docs/ARCHITECTURE.md §17.3).
 MAX_UNROLLED = 128
 PROGRAMS_KEPT = 4096
 PREDICTION_BATCH = 32  # programs predicted between two calls of wait_turn
@@ -250,9 +250,9 @@ class EvolutionarySearch:
         seeds = [*elites, *self._kept]
         known: dict[str, float] = {}  # the model does not change within a round
         merged: dict[str, Candidate] = {}
-        # With nothing measured or kept yet, one population often settles on a poor sketch
-        # (mm_exp_mm, seeds 0-5: best predicted 69, 9, 63, 61, 25, 4 GFLOPS): evolve more
-        # while the best is predicted slower than `settled_s`.
+        # With nothing measured or kept yet, one population often settles on a poor sketch of
+        # a fused chain (docs/ARCHITECTURE.md §17.3): evolve more while the best is predicted
+        # slower than `settled_s`.
         for _ in range(1 if seeds else self.first_islands):
             for cand, _ in self._evolve(seeds, k, known):
                 merged.setdefault(cand.hash, cand)

@@ -10,10 +10,10 @@ the example below is not registered until you load it.
 
 How a rule works. The schedule e-graph holds programs as terms of the language in
 eqsched/egraph/lang.py: `loop(group, piece_path, kind, body)` for a loop over one piece of a
-dimension group (paths like "3/4" name the 4th of a 4-way split), `seq` of statements, blocks,
-`cached` tiles, packs. A rule returns egglog commands, built from the program's analysis facts
-(`eqsched.egraph.facts.Facts`: the groups, their extents, which group each block stores
-unit-stride along, ...):
+dimension group (paths like "3/4" name the 4th of a 4-way split), `cons`/`nil` lists of
+statements (`Body`; the top level is a `Root` list), blocks, `cached` tiles, packs. A rule
+returns egglog commands, built from the program's analysis facts (`eqsched.egraph.facts.Facts`:
+the groups, their extents, which group each block stores unit-stride along, ...):
 
 - `rewrite(lhs).to(rhs, guard1, guard2)` adds `rhs` to the e-class of every `lhs` that matches
   when the guards hold; variables like `b` (a body) and `g`, `p` (group, path) come from

@@ -19,7 +19,8 @@ class Tile(Rule):
           -> loop(C.i, "0/4", serial, loop(C.i, "1/4", ..., loop(C.i, "3/4", serial, b)))
 
     Only whole loops (path "") are tiled: tiling a piece again would make the e-graph explode
-    (DESIGN.md). Groups of prime extent are left whole (see `tiled`).
+    (docs/ARCHITECTURE.md §17.2). Groups of prime extent are left whole (see
+    `rules.analysis.tiled`).
     """
 
     name = "tile"

@@ -328,7 +328,8 @@ def test_pack_rejects_non_dividing_factors_and_unread_buffers():
 
 
 def hand_schedule(sch: Schedule) -> None:
-    """An 8x32 register tile over 32-wide panels of B (the DESIGN's packed matmul)."""
+    """An 8x32 register tile over 32-wide panels of B (the packed matmul of
+    docs/ARCHITECTURE.md §17.1)."""
     sch.pack("C.update", "B", dim=1, factor=32)
     sch.split("C.i", [-1, 8])
     sch.split("C.j", [-1, 2, 16])

@@ -21,8 +21,8 @@ def _initialized() -> bool:
 def host() -> dict[str, str]:
     """CPU name, feature string and triple of this machine."""
     _initialized()
-    # The name alone can be an older core than the machine (DESIGN: "rocketlake" on a newer
-    # part), so the feature string is passed as well: it is what enables AVX-512.
+    # The name alone can be an older core than the machine (docs/ARCHITECTURE.md §17.1), so
+    # the feature string is passed as well: it is what enables AVX-512.
     return {
         "cpu_name": llvm.get_host_cpu_name(),
         "cpu_features": llvm.get_host_cpu_features().flatten(),

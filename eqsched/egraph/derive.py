@@ -67,8 +67,9 @@ def realize(term: Term, sizes: Sizes, naive: Program, *, verify: bool = True) ->
     back to (term, sizes), which pins it to the same program. Any failure there falls back to the
     checked derivation, which also knows which alternatives a rejected step leaves.
 
-    `verify=False` skips that final check on the fast path (a third of its time): for a search
-    that ranks thousands of programs and calls `verify` on the few it keeps."""
+    `verify=False` skips that final check on the fast path (a large share of its time,
+    docs/ARCHITECTURE.md §17.2): for a search that ranks thousands of programs and calls `verify`
+    on the few it keeps."""
     try:
         return _Derivation(term, sizes, naive, checked=False, verify=verify).run().program
     except Exception:  # noqa: BLE001  (an unchecked primitive may fail in any way)

@@ -22,12 +22,12 @@ limits are satisfied exactly when each loop's are. So counts are kept per profil
 
 A group is settled at a class when no program uses it outside that class: its tree is complete
 there. A limit on a whole extent (path "") is known at once: a loop breaking it has no program.
-Keyed by the limit sets themselves (the first design), mm_exp_mm had 10⁵ keys per class and its
-count did not finish in minutes; by profile its largest array has 11 x 16 x 19 entries. Arrays
-are numpy object arrays of exact Python ints, one axis per group that some program splits (size 1
-where a table does not depend on the group). A table whose tree for a group is part of a larger
-one (a split piece split again elsewhere) is lifted: each profile of the larger tree restricts to
-one of the smaller.
+Keyed by the limit sets themselves, a fused chain has far more keys per class than profiles,
+and its count does not finish (docs/ARCHITECTURE.md §17.2). Arrays are numpy object arrays of
+exact Python ints, one axis per group that some program splits (size 1 where a table does not
+depend on the group). A table whose tree for a group is part of a larger one (a split piece
+split again elsewhere) is lifted: each profile of the larger tree restricts to one of the
+smaller.
 
 Every program has an index in [0, count): `program(index)` unranks it, `sample` draws indices
 uniformly, `enumerate` walks them. The order depends only on content: nodes are sorted by a hash

@@ -1,4 +1,4 @@
-"""The structure of a scheduled program, with tile sizes kept apart (DESIGN: sizes symbolic).
+"""The structure of a scheduled program, with tile sizes kept apart as symbols.
 
 A `Term` is what the e-graph stores: which loops nest in which order, over which pieces of which
 dimension groups, with which kinds, around which blocks. It carries no extents. Extents are
