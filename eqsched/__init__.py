@@ -1,4 +1,7 @@
-"""eqsched: fast tensor loop programs by equality saturation over schedules."""
+"""eqsched: fast tensor loop programs by equality saturation over schedules.
+
+See docs/ARCHITECTURE.md §2 Data flow.
+"""
 
 from pathlib import Path as _Path
 

@@ -1,4 +1,7 @@
-"""`python -m eqsched` runs the `eqsched` command."""
+"""`python -m eqsched` runs the `eqsched` command.
+
+See docs/ARCHITECTURE.md §14 Layering.
+"""
 
 from .cli import main
 

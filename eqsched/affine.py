@@ -5,6 +5,8 @@ Structural loop naming means split loops rebuild an axis as a mixed-radix sum
 affine once the variables' ranges are known: `(j.0*32 + j.1) // 32 == j.0` when `0 <= j.1 < 32`.
 The backend uses this to find unit-stride (vectorizable) accesses; legality uses it to compare
 what a writer writes with what a reader reads.
+
+See docs/ARCHITECTURE.md §6 Programs and schedules.
 """
 
 from __future__ import annotations

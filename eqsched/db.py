@@ -13,6 +13,8 @@ machine, and `lookup` and `best` answer for this machine only.
             db.add(Record("matmul", [512, 512, 512], prog.hash(), "", {}, trace, m.times,
                           m.median_s, m.gflops, m.correct, m.error, run_id=run))
         db.finish_run(run, status="done", summary={"best_s": db.best("matmul", [512] * 3).median_s})
+
+See docs/ARCHITECTURE.md §12 The database.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ hashed, compared and used as e-graph payloads. Python operators build expression
 structural meaning, comparisons for `select` use `lt/le/ge/gt/eq` and the `<`-style operators.
 
 Two value types exist: `int` (index arithmetic over axis variables) and `float32` (data).
+
+See docs/ARCHITECTURE.md §6 Programs and schedules.
 """
 
 from __future__ import annotations

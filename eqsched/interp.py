@@ -4,6 +4,8 @@ Every expression is compiled once into a Python closure, then the tree runs poin
 Loop kinds are ignored (vectorized, unrolled and parallel loops mean the same as serial ones).
 Buffers the program allocates itself (intermediates, outputs, locals at each `Alloc`) start as
 NaN, so a point read before it is written shows up in the result instead of passing silently.
+
+See docs/ARCHITECTURE.md §6 Programs and schedules.
 """
 
 from __future__ import annotations

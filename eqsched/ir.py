@@ -10,6 +10,8 @@ Loop names are structural: `C.i` is axis `i` of block `C`'s nest; splitting it g
 `C.i.1`; splitting `C.i.1` gives `C.i.1.0`, `C.i.1.1`. The reduction's init is its own block
 (`C.init`) in its own nest, before the update nest (`C.update`): TensorIR's decompose_reduction
 at the outermost loop. Fusing the init back into the update nest is an ordinary `fuse`.
+
+See docs/ARCHITECTURE.md §3 Vocabulary and §6 Programs and schedules.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ computation says; it raises `ScheduleError` naming the first problem it finds.
 The dependence rule is stated on loops shared by a writer W and a reader R of a buffer: at each
 iteration of the shared loops, R must read only what W wrote in that same iteration (equal
 coefficients of every shared loop, and R's residual index range inside W's).
+
+See docs/ARCHITECTURE.md §6 Programs and schedules.
 """
 
 from __future__ import annotations

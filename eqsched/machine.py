@@ -3,6 +3,8 @@
 Peak GFLOPS is measured, not computed: flops/cycle x nominal frequency is unreliable in a VM, so a
 tiny kernel of independent 512-bit FMAs is compiled for the host CPU (the backend's target machine)
 and timed. Zen 4, for example, executes 512-bit FMAs double-pumped: 32 float32 flop/cycle/core.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ the user wrote. Each stage is evaluated over boxes of its iteration domain (axis
 array dimension i); reductions are cut into boxes along their axes so no intermediate exceeds
 `BUDGET_BYTES`. A sum of a product (matmul, conv2d) is contracted with `np.einsum` instead of
 materializing the product; matmul-shaped ones run in BLAS (docs/ARCHITECTURE.md §17.5).
+
+See docs/ARCHITECTURE.md §6 Programs and schedules.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ becomes a `Measurement` with an `error` and the caller goes on; the next call st
 
     m = measure(prog, repeats=10)
     m.correct, m.median_s, m.gflops, m.error
+
+See docs/ARCHITECTURE.md §11 Measurement.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ Every primitive builds a new program, validates it with `legality.check_program`
 replaces the current one, so a rejected step (ScheduleError) leaves the schedule unchanged. Each
 accepted step is appended to `trace` as {"op", "args"}; replaying a trace through the same
 primitives gives the identical program (the cross-check with the e-graph's derivations).
+
+See docs/ARCHITECTURE.md §6 Programs and schedules.
 """
 
 from __future__ import annotations

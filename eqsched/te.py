@@ -9,6 +9,8 @@
 A computation is a list of stages in definition (topological) order. Each stage writes one buffer
 over an iteration domain of named axes, spatial (one per output dimension) or reduce (accumulated
 with `sum` or `max`).
+
+See docs/ARCHITECTURE.md §6 Programs and schedules.
 """
 
 from __future__ import annotations

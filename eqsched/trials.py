@@ -12,6 +12,8 @@ replayable programs may be reported.
 
 `TimingGate` counts the candidates being timed; a search that calls its `wait_turn` between small
 units of work never runs while one is (explore's search runs beside the measurements).
+
+See docs/ARCHITECTURE.md §10 Exploration.
 """
 
 from __future__ import annotations

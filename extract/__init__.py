@@ -12,6 +12,8 @@
 - `search`: an evolutionary search over a walk's choices of e-nodes and tile sizes.
 - `baseline`: egglog's own extractor (smallest term), the yardstick for the search.
 A new cost model is one file: subclass `CostModel`, decorate it with `@register`.
+
+See docs/ARCHITECTURE.md §8 Cost models.
 """
 
 from . import learned  # noqa: F401  (importing a model's module registers it)

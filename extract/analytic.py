@@ -43,6 +43,8 @@ A parallel root loop divides its nest among `threads` cores.
 The numbers are a Zen 4 core's: 1 zmm FMA per cycle and latency 4, 2 loads and 1 store of 256
 bits per cycle, L2->L1 32 B/cycle, L3->L2 16 B/cycle, DRAM ~20 GB/s; 3.6 GHz unless
 `peak_gflops` says otherwise. The latency was measured (docs/ARCHITECTURE.md §17.1).
+
+See docs/ARCHITECTURE.md §8 Cost models.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ cost (what egglog's extractor minimizes) cannot see what makes a schedule fast (
 docs/ARCHITECTURE.md §4 The e-graph); this is the yardstick the search is compared against, not
 a way to find programs.
 egglog extracts structure only: the tile sizes are drawn at random and ranked by the model.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations

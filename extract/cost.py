@@ -13,6 +13,8 @@ implement `update`. Pick one by name or pass an object:
         name = "loops"
         def predict(self, programs):
             return np.array([len(p.loops()) for p in programs], dtype=float)
+
+See docs/ARCHITECTURE.md §8 Cost models.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ into each cache level per flop.
 
     x = features(prog)                 # float64, len(FEATURE_NAMES), finite
     dict(zip(FEATURE_NAMES, x))["unit_stride_share"]
+
+See docs/ARCHITECTURE.md §8 Cost models.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ against a weak prior the fit ranks much better (docs/ARCHITECTURE.md §17.4).
     model.validation                              # Spearman: {"learned": 0.81, "prior": 0.74,
                                                   #  "learned_top": 0.5, "prior_top": 0.4}
     restored = LearnedModel.from_state(model.state(), prior=MyPrior())
+
+See docs/ARCHITECTURE.md §8 Cost models.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ runs).
 `wait_turn`, if given, is called between small units of work (one realization, one batch of
 predictions) and may block: explore stops the search that way while a candidate is timed on
 the other core (a search running beside it skews the timing: docs/ARCHITECTURE.md §17.5).
+
+See docs/ARCHITECTURE.md §9 The search.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ relations (rules/analysis.py, kept apart from the growth rules). Pick rule sets 
     resolve("-pack")                   # the default set without packing
     resolve(["tile", "reorder"])       # just these (plus the analysis rules they need)
     resolve(["-tile", MyTile()])       # swap in your own rule object
+
+See docs/ARCHITECTURE.md §5 Rules.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ loop or cached statement passes up its body's facts, and cons has it when head a
 about the blocks a body holds (`holds`, `spatial`, `only`) are the same for every member of an
 e-class (no rewrite adds or drops a block), so guards built on them are exact. Facts about
 nesting (`uncached`, `reg_tile`) can differ between members of a class; see each rule.
+
+See docs/ARCHITECTURE.md §5 Rules.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ unit-stride along which group). Adding a rule is one file with one class:
 
         def rewrites(self, facts):
             return [rewrite(...).to(...)]
+
+See docs/ARCHITECTURE.md §5 Rules.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Local accumulator: a reduction accumulates in a small local tile, written back once."""
+"""Local accumulator: a reduction accumulates in a small local tile, written back once.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Fusion of adjacent loops over the same piece: a consumer into its producer's tile (Ansor's
-compute_at / reverse_compute_at), or a reduction's init into its update nest."""
+compute_at / reverse_compute_at), or a reduction's init into its update nest.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

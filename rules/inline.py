@@ -1,4 +1,7 @@
-"""Inlining an elementwise intermediate into its readers."""
+"""Inlining an elementwise intermediate into its readers.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

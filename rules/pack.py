@@ -1,4 +1,7 @@
-"""Array packing: an input operand copied into panels along its unit-stride dimension."""
+"""Array packing: an input operand copied into panels along its unit-stride dimension.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

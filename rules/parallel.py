@@ -1,4 +1,7 @@
-"""Parallel outer loops."""
+"""Parallel outer loops.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

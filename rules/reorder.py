@@ -1,4 +1,7 @@
-"""Loop interchange in a perfect nest."""
+"""Loop interchange in a perfect nest.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

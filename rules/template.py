@@ -25,6 +25,8 @@ the groups, their extents, which group each block stores unit-stride along, ...)
 Every term the rule creates must be a program the manual schedule primitives can build
 (eqsched/egraph/derive.py) and must compute what the start computes: `rules check` executes
 the programs before and after against numpy and reports the smallest that differs.
+
+See docs/ARCHITECTURE.md §15 Extending eqsched.
 """
 
 from __future__ import annotations

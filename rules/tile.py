@@ -1,4 +1,7 @@
-"""Multi-level tiling: a whole loop becomes a chain of pieces of its dimension group."""
+"""Multi-level tiling: a whole loop becomes a chain of pieces of its dimension group.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Unrolling of the loops of the register tile."""
+"""Unrolling of the loops of the register tile.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

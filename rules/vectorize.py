@@ -1,4 +1,7 @@
-"""Vectorization of the innermost loop along a unit-stride store."""
+"""Vectorization of the innermost loop along a unit-stride store.
+
+See docs/ARCHITECTURE.md §5 Rules.
+"""
 
 from __future__ import annotations
 

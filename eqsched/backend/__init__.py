@@ -3,6 +3,8 @@
     kernel = compile_program(prog)            # CompileOptions() by default
     kernel(A, B, C)                           # prog.inputs + prog.outputs, float32, in place
     kernel.info                               # LLVM/CPU/pass settings to store with a timing
+
+See docs/ARCHITECTURE.md §7 Backend and target.
 """
 
 from .compiler import compile_program

@@ -1,4 +1,7 @@
-"""compile_program: lower, optimize, JIT; cached per (program, options, CPU) in this process."""
+"""compile_program: lower, optimize, JIT; cached per (program, options, CPU) in this process.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
+"""
 
 from __future__ import annotations
 

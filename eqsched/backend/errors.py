@@ -1,4 +1,7 @@
-"""The one exception of the backend."""
+"""The one exception of the backend.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
+"""
 
 
 class BackendError(Exception):

@@ -7,6 +7,8 @@ expressions are normalized to affine form over the loop variables (`to_affine`, 
 `//` and `%` of split loops); the coefficient of the vectorized loop in a buffer's linearized
 address decides between a vector access (1), a scalar one (0) and a gather. Indices that are not
 affine are computed as integer code, per lane when they depend on the vectorized loop.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
 """
 
 from __future__ import annotations

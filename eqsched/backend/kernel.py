@@ -1,4 +1,7 @@
-"""A compiled program: callable on numpy arrays, run in place."""
+"""A compiled program: callable on numpy arrays, run in place.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
+"""
 
 from __future__ import annotations
 

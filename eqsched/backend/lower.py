@@ -8,6 +8,8 @@ Serial loops become counted loops, unrolled loops repeat their body with the var
 and a vectorized loop emits its body once on `<L x float>` values (`indexing` says how each access
 varies over the lanes). Float values stay scalar until they meet a vector, so a load invariant in
 the vectorized loop is done once and broadcast.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
 """
 
 from __future__ import annotations

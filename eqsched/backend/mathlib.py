@@ -4,6 +4,8 @@ LLVM's `llvm.exp`/`llvm.log` intrinsics become one libm call per lane, so a vect
 exp in it would run at scalar speed. These are the Cephes/SLEEF algorithms: range reduction, a
 short polynomial, and selects (never branches) for the special cases, so every lane takes the
 same path.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
 """
 
 from __future__ import annotations

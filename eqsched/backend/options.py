@@ -1,4 +1,7 @@
-"""Compilation settings: they change the generated code, so they key the compile cache."""
+"""Compilation settings: they change the generated code, so they key the compile cache.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The host CPU as LLVM sees it, and the optimization pipeline run on generated modules."""
+"""The host CPU as LLVM sees it, and the optimization pipeline run on generated modules.
+
+See docs/ARCHITECTURE.md §7 Backend and target.
+"""
 
 from __future__ import annotations
 

@@ -1,1 +1,4 @@
-"""The schedule space as an e-graph: language, encoding, saturation, and the space object."""
+"""The schedule space as an e-graph: language, encoding, saturation, and the space object.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
+"""

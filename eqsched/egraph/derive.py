@@ -23,6 +23,8 @@ The recipe is canonical (one trace per term), in this order:
 The result is checked by encoding it again: a term the manual API cannot state (a root order other
 than the hosts' program order, a fused block in the middle of a loop body, a Cached that is not the
 only child of a loop, ...) raises DeriveError naming the part, never a different program.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Graphviz export of a space's DAG (`Space.to_json()`): one cluster per e-class, one box per
-e-node, an edge from a node to each child class. Meant for small spaces, to look at by eye."""
+e-node, an edge from a node to each child class. Meant for small spaces, to look at by eye.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
+"""
 
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ an axis it iterates (`C.i.1.0` with siblings `.0 .1 .2 .3` and `.1.1` is "1/4.0/
 An `Alloc` of `<stage>.local` is `Cached(stage, body)` without its copy nests; a `<buf>_packed`
 copy nest is a `PackRef` (factor -> the pack symbol's size); stages of the computation that have
 no block left were inlined (listed in stage order). Anything else raises EncodeError.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Dimension groups: axes of different stages that iterate together when fused. Axi
 R and axis `b` of writer W join one group when R reads W's buffer with index `a` (a plain axis
 variable) in the dimension W writes with `b`, and both have the same extent. Init and update of a
 stage share the stage's axes. A group is named by its first member in program order ("C.i").
+
+See docs/ARCHITECTURE.md §3 Vocabulary and §4 The e-graph.
 """
 
 from __future__ import annotations

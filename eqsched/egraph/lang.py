@@ -9,6 +9,8 @@ The root list has its own sort so that context-dependent rules (parallel only at
 match a loop in root position without putting the annotated loop into the same e-class as the
 loop wherever else it occurs. `append` is a function defined by rewrites; extraction never picks
 an append node, since every append class also holds the cons list it evaluates to.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ module knows only the `RewriteRule` protocol, never the rule plug-ins themselves
 
 An e-graph is tied to the thread that built it (egglog 13 panics otherwise): use a Saturation in
 the thread that called `saturate`.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations

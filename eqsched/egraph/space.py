@@ -37,6 +37,8 @@ profiles and assignments are ordered by the constraints and extents they stand f
 The root list is read in one spelling, the one the rules write and `lang.root_expr` mirrors:
 inlined stages first, then the statements, then the packs at its tail; any other interleaving
 would spell a Term twice.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations

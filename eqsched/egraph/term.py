@@ -14,6 +14,8 @@ split of "1/4". Sibling pieces multiply to their parent's extent.
     Stmt  = PieceLoop(group, path, kind, body) | BlockRef(name) | Cached(stage, body)
     Root  = the program's top-level statements, plus program-level facts: inlined stages and
             packed operands (PackRef), which have no place in the loop tree.
+
+See docs/ARCHITECTURE.md §3 Vocabulary and §4 The e-graph.
 """
 
 from __future__ import annotations
