@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from eqsched.extract import CostModel, register
 
 from eqsched.explore import Settings, explore
+from eqsched.extract import CostModel, register
 from eqsched.ir import LoopKind, Program
 from eqsched.workloads import get_workload
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 
 from egglog import rewrite
-from eqsched.rules import Rule, register
-from eqsched.rules.analysis import b, blocks_only, g, p
 
 from eqsched.egraph.lang import Kind, loop
+from eqsched.rules import Rule, register
+from eqsched.rules.analysis import b, blocks_only, g, p
 from eqsched.tools.rulekit import check_rule
 
 

@@ -16,9 +16,10 @@ from math import isqrt
 
 from egglog import String, eq, relation, rule, var
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Body, Kind, Root, SStmt, block, cached, loop
-from ..expr import Var, loads
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Body, Kind, Root, SStmt, block, cached, loop
+from eqsched.expr import Var, loads
+
 from .base import Rule, register
 
 # Pattern variables shared by the rule modules.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..egraph.facts import Facts
+from eqsched.egraph.facts import Facts
 
 
 class RuleError(ValueError):

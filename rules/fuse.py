@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from egglog import String, rewrite
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Body, Kind, Root, append, loop
-from ..expr import Var, loads
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Body, Kind, Root, append, loop
+from eqsched.expr import Var, loads
+
 from .analysis import h, holds, p, reduce_groups, rest, spatial, t, uncached, x, y
 from .base import Rule, register
 

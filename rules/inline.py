@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from egglog import String, eq, function, relation, rewrite, rule, union, var
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Root, program_root
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Root, program_root
+
 from .analysis import alone, h, inlinable, r, rest, s_lacks, s_only
 from .base import Rule, register
 

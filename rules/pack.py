@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from egglog import String, rewrite
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Root
-from ..expr import Var, loads
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Root
+from eqsched.expr import Var, loads
+
 from .analysis import h
 from .base import Rule, register
 

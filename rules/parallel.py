@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from egglog import String, rewrite
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Kind, Root, loop
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Kind, Root, loop
+
 from .analysis import b, p, reduce_groups, rest, spatial
 from .base import Rule, register
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from egglog import String, ne, relation, rewrite, rule, var
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Body, Kind, loop
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Body, Kind, loop
+
 from .analysis import g, p, uncached, y
 from .base import Rule, register
 

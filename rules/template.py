@@ -32,11 +32,11 @@ See docs/ARCHITECTURE.md §15 Extending eqsched.
 from __future__ import annotations
 
 from egglog import rewrite
-from eqsched.rules.analysis import b, blocks_only, g, p
-from eqsched.rules.base import Rule, register
 
 from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Kind, loop
+from eqsched.rules.analysis import b, blocks_only, g, p
+from eqsched.rules.base import Rule, register
 
 
 @register

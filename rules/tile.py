@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from egglog import String, rewrite
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Body, Kind, loop
-from ..egraph.term import split_path
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Body, Kind, loop
+from eqsched.egraph.term import split_path
+
 from .analysis import b, levels, tiled
 from .base import Rule, register
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from egglog import rewrite
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Kind, loop
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Kind, loop
+
 from .analysis import b, g, p, reg_tile
 from .base import Rule, register
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from egglog import String, rewrite
 
-from ..egraph.facts import Facts
-from ..egraph.lang import Kind, loop
-from ..egraph.term import split_path
+from eqsched.egraph.facts import Facts
+from eqsched.egraph.lang import Kind, loop
+from eqsched.egraph.term import split_path
+
 from .analysis import b, blocks_only, levels, tiled, unit_stride
 from .base import Rule, register
 

@@ -6,13 +6,13 @@ import random
 
 import numpy as np
 import pytest
-from eqsched.extract.analytic import KEYS, AnalyticModel
-from eqsched.extract.cost import get_cost_model
-from eqsched.rules import default_rules
 
 from eqsched.egraph.derive import realize
 from eqsched.egraph.space import build_space
+from eqsched.extract.analytic import KEYS, AnalyticModel
+from eqsched.extract.cost import get_cost_model
 from eqsched.ir import naive_program
+from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload, list_workloads
 

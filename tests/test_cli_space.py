@@ -4,13 +4,13 @@ import json
 import subprocess
 import sys
 
-from eqsched.rules import default_rules
 from test_cli import ENV, assert_one_line_error
 
 from eqsched.egraph.encode import encode
 from eqsched.egraph.space import build_space
 from eqsched.egraph.term import show
 from eqsched.ir import naive_program
+from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
 

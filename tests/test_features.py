@@ -3,9 +3,9 @@ schedule did (vector lanes, register tile, local accumulator, packing, strides, 
 
 import numpy as np
 import pytest
-from eqsched.extract.features import FEATURE_NAMES, cache_bytes, features
 from test_schedule import hand_schedule
 
+from eqsched.extract.features import FEATURE_NAMES, cache_bytes, features
 from eqsched.ir import Program, naive_program
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload, list_workloads

@@ -6,15 +6,15 @@ import math
 
 import numpy as np
 import pytest
-from eqsched.extract.cost import CostModel, CostModelError, get_cost_model, spearman
-from eqsched.extract.features import features
-from eqsched.extract.learned import GLOBAL_SLACK, LearnedModel
-from eqsched.rules import default_rules
 
 from eqsched.egraph.derive import realize
 from eqsched.egraph.space import build_space
+from eqsched.extract.cost import CostModel, CostModelError, get_cost_model, spearman
+from eqsched.extract.features import features
+from eqsched.extract.learned import GLOBAL_SLACK, LearnedModel
 from eqsched.ir import Program, naive_program
 from eqsched.legality import sites
+from eqsched.rules import default_rules
 from eqsched.workloads import get_workload
 
 

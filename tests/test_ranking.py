@@ -5,13 +5,13 @@ import re
 
 import numpy as np
 import pytest
-from eqsched.extract.cost import CostModel
-from eqsched.rules import resolve
 
 from eqsched.cli import main
 from eqsched.egraph.derive import realize
 from eqsched.egraph.space import build_space
+from eqsched.extract.cost import CostModel
 from eqsched.ir import naive_program
+from eqsched.rules import resolve
 from eqsched.tools.ranking import rank_quality
 from eqsched.workloads import get_workload
 

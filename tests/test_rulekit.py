@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from eqsched.rules import DEFAULT, RULES, RuleError
 
+from eqsched.rules import DEFAULT, RULES, RuleError
 from eqsched.tools.rulekit import check_rule, load_module, rule_rows
 
 HERE = Path(__file__).resolve().parent

@@ -9,12 +9,12 @@ import json
 from functools import cache
 
 import pytest
-from eqsched.rules import DEFAULT, RULES, Rule, RuleError, default_rules, register, resolve
-from eqsched.rules.fuse import fusible, unsafe_groups
 
 from eqsched.egraph.facts import facts_of
 from eqsched.egraph.saturate import saturate
 from eqsched.ir import naive_program
+from eqsched.rules import DEFAULT, RULES, Rule, RuleError, default_rules, register, resolve
+from eqsched.rules.fuse import fusible, unsafe_groups
 from eqsched.te import Computation, compute, placeholder
 from eqsched.workloads import get_workload
 

@@ -1,12 +1,12 @@
 """Bounded saturation: stop reasons, rollback, phases, and the report."""
 
 import pytest
-from eqsched.rules import default_rules, resolve
-from eqsched.rules.analysis import inlinable
 
 from eqsched.egraph.facts import facts_of
 from eqsched.egraph.saturate import STOP_REASONS, Limits, enodes, saturate
 from eqsched.ir import naive_program
+from eqsched.rules import default_rules, resolve
+from eqsched.rules.analysis import inlinable
 from eqsched.workloads import get_workload, list_workloads
 
 

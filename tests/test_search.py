@@ -2,15 +2,15 @@
 
 import numpy as np
 import pytest
-from eqsched.extract import CostModel, EvolutionarySearch, get_cost_model
-from eqsched.extract.search import unrolled_copies
-from eqsched.rules import default_rules
 
 from eqsched.backend import compile_program
 from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import symbols
+from eqsched.extract import CostModel, EvolutionarySearch, get_cost_model
+from eqsched.extract.search import unrolled_copies
 from eqsched.ir import LoopKind, naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
 

@@ -8,10 +8,10 @@ the same loop nest with extent-1 middle pieces.
 """
 
 import pytest
-from eqsched.rules import default_rules
 
 from eqsched.egraph.space import build_space
 from eqsched.ir import naive_program
+from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
 

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-from eqsched.rules import default_rules
 
 from eqsched.backend import BackendError, compile_program
 from eqsched.egraph.derive import DeriveError, realize
@@ -24,6 +23,7 @@ from eqsched.egraph.term import Sizes, Term, show
 from eqsched.ir import Program, naive_program
 from eqsched.legality import ScheduleError
 from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.rules import default_rules
 from eqsched.workloads import Workload, get_workload, list_workloads
 
 SUITE_SAMPLES = 20

@@ -5,14 +5,14 @@ import dataclasses
 import threading
 
 import pytest
-from eqsched.extract import EvolutionarySearch, get_cost_model
-from eqsched.rules import default_rules
 
 import eqsched.trials as trials_module
 from eqsched.db import Database
 from eqsched.egraph.derive import DeriveError
 from eqsched.egraph.space import build_space
+from eqsched.extract import EvolutionarySearch, get_cost_model
 from eqsched.ir import naive_program
+from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
 from eqsched.trials import Measurer, Settings, TimingGate, measurement_key
 from eqsched.workloads import get_workload

@@ -4,11 +4,11 @@ that no block reduces over it). `eqsched rules check vectorize_unguarded --modul
 tests/wrong_rules.py` must report it unsound, with the smallest failing program."""
 
 from egglog import String, rewrite
-from eqsched.rules.analysis import b, blocks_only, levels, tiled
-from eqsched.rules.base import Rule, register
 
 from eqsched.egraph.lang import Kind, loop
 from eqsched.egraph.term import split_path
+from eqsched.rules.analysis import b, blocks_only, levels, tiled
+from eqsched.rules.base import Rule, register
 
 
 @register
