@@ -9,7 +9,8 @@ of a cold exploration) unless --db is given; the best program is then compiled i
 with one thread and timed alternately with the workload's numpy baseline (`numpy_baseline`: its
 buffers allocated once, as the kernel's are; OpenBLAS limited to one thread), so both see the same
 machine noise. Prints GFLOPS, the ratio and the bar from issue 4, and the exploration's wall time
-beside TVM MetaSchedule's (64 trials, one core, DESIGN.md).
+beside the case's wall-time bar (the bars of issue 4, set from TVM MetaSchedule's tuning
+times; docs/ARCHITECTURE.md §17.1).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ error and the parsers of --size and --limits.
     size = parse_size("64,64,64", get_workload("matmul"))   # (64, 64, 64), checked by the workload
     limits = parse_limits("iterations=20,seconds=10")       # an egraph.saturate.Limits
     raise CliError("--samples must be >= 1, got 0")         # `eqsched: error: ...`, exit status 2
+
+See docs/ARCHITECTURE.md §14 Layering.
 """
 
 from __future__ import annotations

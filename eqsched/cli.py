@@ -12,6 +12,8 @@
 
 Every failure prints one line, `eqsched: error: ...`, on stderr and exits with status 2; a program
 that runs but computes a wrong result exits with status 1.
+
+See docs/ARCHITECTURE.md §14 Layering.
 """
 
 from __future__ import annotations

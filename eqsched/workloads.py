@@ -19,6 +19,8 @@ baselines are the strongest plain-numpy float32 formulation of each computation:
 per matmul with `out=`, elementwise steps in place, conv2d as a contiguous im2col into a
 preallocated buffer and one sgemm. A weaker baseline (fresh temporaries, transposed copies)
 would inflate every "x numpy" figure.
+
+See docs/ARCHITECTURE.md §15 Extending eqsched.
 """
 
 from __future__ import annotations
@@ -389,7 +391,8 @@ _CHAIN_BLOCK = 1 << 16
 
 def _elementwise_chain_numpy(ins: Mapping[str, np.ndarray], n: int) -> NumpyRun:
     """The chain in place in Z, block by block so each block stays in cache through the six
-    passes (numexpr's trick in plain numpy: 20-40% faster here than whole-array passes at 4M)."""
+    passes (numexpr's trick in plain numpy): whole-array passes stream every temporary through
+    memory six times."""
     x, y = _f32(ins, "X", "Y")
     z = np.empty(n, np.float32)
     blocks = [(x[i:i + _CHAIN_BLOCK], y[i:i + _CHAIN_BLOCK], z[i:i + _CHAIN_BLOCK])

@@ -3,9 +3,10 @@
     python examples/hand_schedule.py 512 examples/schedules/matmul-512.json
     eqsched run matmul --size 512,512,512 --schedule examples/schedules/matmul-512.json
 
-The schedule is the classic CPU matmul recipe (DESIGN.md): B copied into 32-wide column panels,
-an 8x32 register tile (8 rows x two 16-lane vectors) accumulated in a local buffer over the
-whole k loop, the init fused into the tile, every tile loop unrolled or vectorized.
+The schedule is the classic CPU matmul recipe (docs/ARCHITECTURE.md §17.1, packing): B copied
+into 32-wide column panels, an 8x32 register tile (8 rows x two 16-lane vectors) accumulated in a
+local buffer over the whole k loop, the init fused into the tile, every tile loop unrolled or
+vectorized.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ every Ray node sees).
     suite = Suite.load("suite.toml")
     result = run_batch(suite, "runs.db", jobs=2)
     print(result.table())
+
+See docs/ARCHITECTURE.md §10 Exploration.
 """
 
 from __future__ import annotations

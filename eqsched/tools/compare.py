@@ -12,6 +12,8 @@ Membership of a uniform sample of A in B estimates |A∩B| / |A|, not |A∩B| / 
 comparison reports it both ways, with Wilson intervals and the implied |A∩B|. Both spaces are
 built from the same naive program, so they share its analysis facts (dimension groups) and a term
 of one is tested in the other directly.
+
+See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations

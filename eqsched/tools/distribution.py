@@ -12,6 +12,8 @@ A distribution draws programs uniformly from the space but keeps only those the 
 measure (at most MAX_UNROLLED unrolled copies; more take LLVM minutes to compile): it is uniform
 over that part of the space, and says how many draws it skipped. Measurements go to the results
 database like explore's, keyed the same way, so a rerun measures nothing new.
+
+See docs/ARCHITECTURE.md §11 Measurement.
 """
 
 from __future__ import annotations

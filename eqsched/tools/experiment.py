@@ -7,6 +7,8 @@ the arguments every experiment takes, and turning them into a checked problem.
 
 Each experiment is a module of its own (`compare`, `distribution`, `ranking`) with its
 `add_parser(sub)`, which adds it under `eqsched experiment`.
+
+See docs/ARCHITECTURE.md §14 Layering.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ the measured order, by cross-validation.
     rank_quality(dist, models=("analytic", "random"))["analytic"]["spearman"]
 
     eqsched experiment ranking matmul --size 64,64,64 --db eqsched.db --models analytic,random
+
+See docs/ARCHITECTURE.md §8 Cost models.
 """
 
 from __future__ import annotations

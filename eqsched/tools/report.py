@@ -10,6 +10,8 @@ explorations and four kinds of figure: best GFLOPS against trials; predicted aga
 time per round; the size of each problem's space with each rule left out; and each exploration's
 best program against numpy (timed now, one thread) and this machine's peak. The database is
 only read; the counts per rule (one saturation per rule) are cached beside the page.
+
+See docs/ARCHITECTURE.md §12 The database.
 """
 
 from __future__ import annotations

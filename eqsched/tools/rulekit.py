@@ -15,6 +15,8 @@ programs, saturation time) and the best GFLOPS a short exploration finds each wa
 
     check = check_rule(RULES["vectorize"], workloads=["matmul"], programs=4)
     check.sound, check.failures[:1], check.effect
+
+See docs/ARCHITECTURE.md §15 Extending eqsched.
 """
 
 from __future__ import annotations
