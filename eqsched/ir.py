@@ -337,9 +337,10 @@ def naive_program(comp: Computation) -> Program:
 #         C.update(i = C.i, j = C.j, k = C.k):
 #           C[i, j] += A[i, k] * B[k, j]
 #
-# The words printed for loop kinds are part of every stored program hash: keep them as they are.
+# The words printed for loop kinds (KIND_WORD; messages use them too) are part of every stored
+# program hash: keep them as they are.
 
-_KIND_WORD = {
+KIND_WORD = {
     LoopKind.SERIAL: "range",
     LoopKind.PARALLEL: "parallel",
     LoopKind.VECTOR: "vectorized",
@@ -366,7 +367,7 @@ def _nodes(nodes: tuple[Node, ...], depth: int, out: list[str], prog: Program) -
     pad = "  " * depth
     for n in nodes:
         if isinstance(n, Loop):
-            out.append(f"{pad}for {n.name} in {_KIND_WORD[n.kind]}({n.extent}):")
+            out.append(f"{pad}for {n.name} in {KIND_WORD[n.kind]}({n.extent}):")
             _nodes(n.body, depth + 1, out, prog)
         elif isinstance(n, Alloc):
             buf = prog.buffer(n.buffer)

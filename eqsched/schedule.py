@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .expr import Expr, Load, Var, free_vars, substitute, to_str, transform
 from .ir import (
+    KIND_WORD,
     Alloc,
     Binding,
     Block,
@@ -102,7 +103,8 @@ class Schedule:
         """Split `loop` into nested pieces `loop.0` (outermost) ... with the given extents."""
         lp = self._loop(loop)
         if lp.kind != LoopKind.SERIAL:
-            raise ScheduleError(f"split of {loop}: it is {lp.kind.value}; split before annotating")
+            raise ScheduleError(f"split of {loop}: it is {KIND_WORD[lp.kind]}; split before "
+                                "annotating")
         sizes = _resolve_factors(loop, lp.extent, list(factors))
         names = [f"{loop}.{n}" for n in range(len(sizes))]
         strides = [math.prod(sizes[n + 1:]) for n in range(len(sizes))]
