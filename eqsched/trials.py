@@ -19,13 +19,14 @@ See docs/ARCHITECTURE.md §10 Exploration.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .backend import CompileOptions
 from .db import Database, Record
 from .egraph.derive import DeriveError
-from .egraph.term import show
+from .egraph.term import Sizes, Term, show
 from .ir import LoopKind, Program
 from .runner import Measurement, measure
 
@@ -47,6 +48,26 @@ class Settings:
 
     def options(self) -> CompileOptions:
         return CompileOptions(threads=self.threads)
+
+    def measure(self, program: Program, *, worker: int = 0,
+                on_timing: Callable[[bool], None] | None = None) -> Measurement:
+        """`runner.measure` of `program` with these settings (in worker process `worker`)."""
+        return measure(program, repeats=self.repeats, warmup=self.warmup,
+                       timeout_s=self.timeout_s, seed=self.input_seed,
+                       time_budget_s=self.time_budget_s, min_repeats=self.min_repeats,
+                       worker=worker, on_timing=on_timing, options=self.options())
+
+
+def record_of(workload: str, size: list[int], key: str, term: Term, sizes: Sizes,
+              trace: list[dict], m: Measurement, **more: Any) -> Record:
+    """The database record of a measurement of (term, sizes) stored under `key` (`more`: the
+    run's fields, like round and run_id); a wrong result is an error that says so."""
+    return Record(
+        workload=workload, size=list(size), program_hash=key, structure=show(term),
+        sizes={f"{g}|{p}": e for (g, p), e in sizes.items()}, trace=trace, times=m.times,
+        median_s=m.median_s, gflops=m.gflops, correct=m.correct, error=m.error or (
+            None if m.correct is not False else f"wrong result: {m.check_message}"),
+        **more)
 
 
 def measurement_key(prog: Program, settings: Settings) -> str:
@@ -118,13 +139,8 @@ class Measurer:
             return Trial(round_index, cand.hash, show(cand.term), predicted_s, stored.median_s,
                          stored.gflops, stored.correct, stored.error, cached=True)
         trace, m = self._measure(cand, worker)
-        record = Record(
-            workload=self.workload, size=list(self.size), program_hash=key,
-            structure=show(cand.term), sizes={f"{g}|{p}": e for (g, p), e in cand.sizes.items()},
-            trace=trace, times=m.times, median_s=m.median_s,
-            gflops=m.gflops, correct=m.correct, error=m.error or (
-                None if m.correct is not False else f"wrong result: {m.check_message}"),
-            predicted_s=predicted_s, round=round_index, run_id=self.run_id)
+        record = record_of(self.workload, self.size, key, cand.term, cand.sizes, trace, m,
+                           predicted_s=predicted_s, round=round_index, run_id=self.run_id)
         self.database.add(record)
         return Trial(round_index, cand.hash, record.structure, predicted_s, m.median_s, m.gflops,
                      m.correct, record.error, cached=False)
@@ -136,11 +152,8 @@ class Measurer:
         except DeriveError as err:
             # Only replayable programs may be reported; this one is recorded as an error.
             return [], Measurement(correct=None, error=f"no replayable trace: {err}")
-        s = self.settings
-        return trace, measure(cand.program, repeats=s.repeats, warmup=s.warmup,
-                              timeout_s=s.timeout_s, seed=s.input_seed,
-                              time_budget_s=s.time_budget_s, min_repeats=s.min_repeats,
-                              worker=worker, on_timing=self.gate.on_timing, options=s.options())
+        return trace, self.settings.measure(cand.program, worker=worker,
+                                            on_timing=self.gate.on_timing)
 
     def naive_median_s(self) -> float | None:
         """The naive program's median time (for the speedup), measured once per machine."""

@@ -28,15 +28,14 @@ from typing import Any
 import numpy as np
 
 from ..args import CliError
-from ..db import Database, Record
+from ..db import Database
 from ..egraph.derive import DeriveError, derive, realize
 from ..egraph.saturate import Limits, saturate
 from ..egraph.space import Space
-from ..egraph.term import show
 from ..ir import Program, naive_program
-from ..runner import Measurement, measure
+from ..runner import Measurement
 from ..schedule import ScheduleError
-from ..trials import Settings, measurement_key
+from ..trials import Settings, measurement_key, record_of
 from ..workloads import get_workload
 from .experiment import at_least_one, common_arguments, problem, rule_spec
 
@@ -231,15 +230,8 @@ def _sample(workload: str, size: list[int], term: Any, sizes: Any, prog: Program
         # Only replayable programs are reported, as in explore; this one is an error.
         trace, m = [], Measurement(correct=None, error=f"no replayable trace: {err}")
     else:
-        m = measure(prog, repeats=settings.repeats, warmup=settings.warmup,
-                    timeout_s=settings.timeout_s, seed=settings.input_seed,
-                    time_budget_s=settings.time_budget_s, min_repeats=settings.min_repeats,
-                    options=settings.options())
-    record = Record(
-        workload=workload, size=size, program_hash=key, structure=show(term),
-        sizes={f"{g}|{p}": e for (g, p), e in sizes.items()}, trace=trace, times=m.times,
-        median_s=m.median_s, gflops=m.gflops, correct=m.correct,
-        error=m.error or (None if m.correct is not False else f"wrong result: {m.check_message}"))
+        m = settings.measure(prog)
+    record = record_of(workload, size, key, term, sizes, trace, m)
     if database is not None:
         database.add(record)
     return Sample(key, record.structure, m.median_s, m.gflops, m.correct, record.error, False,
