@@ -82,6 +82,7 @@ def _compile_node(node: Node, prog: Program) -> Run:
 
 def _compile_block(blk: Block, prog: Program) -> Run:
     bindings = [(b.axis, b.offset, b.terms) for b in blk.bindings]
+    extents = [(a.name, a.extent) for a in blk.axes]
     store = _compile_index(blk.buffer, blk.indices, prog, blk.name)
     value = _compile(blk.value, prog, blk.name)
     combine = {None: None, "sum": lambda a, b: a + b, "max": _fmax}[blk.reduce]
@@ -89,6 +90,8 @@ def _compile_block(blk: Block, prog: Program) -> Run:
 
     def run_block(env: Env, arrays: Arrays) -> None:
         axes = {axis: off + sum(s * env[lp] for lp, s in terms) for axis, off, terms in bindings}
+        if any(axes[axis] >= extent for axis, extent in extents):
+            return  # past the end of a split that leaves a remainder: the point does not exist
         idx = store(axes)
         v = value(axes, arrays)
         arr = arrays[buffer]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .affine import Affine, AffineError, Ranges, to_affine
 from .expr import Expr, Load, Select, children, substitute, to_str
-from .ir import Alloc, Block, Loop, LoopKind, Program, Scope, walk
+from .ir import Alloc, Binding, Block, Loop, LoopKind, Program, Scope, walk
 
 MAX_UNROLL = 64
 
@@ -40,6 +40,9 @@ class Access:
     indices: tuple[Affine | None, ...]
     text: str
     guarded: bool = False  # a load under a Select branch: it may run only for part of the domain
+    # Each index's range over the block's own axes (None where not affine): a split that leaves a
+    # remainder makes the loops' range overshoot it, and the points past it do not run.
+    axis_bounds: tuple[tuple[int, int] | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,11 +108,14 @@ def _accesses(blk: Block, loops: tuple[tuple[str, int], ...]) -> tuple[Access, .
     # are unchanged from the step before (searches realize thousands of programs).
     to_loops = {b.axis: b.expr() for b in blk.bindings}
     ranges = {name: (0, extent - 1) for name, extent in loops}
+    axis_ranges = {a.name: (0, a.extent - 1) for a in blk.axes}
 
     def access(buffer: str, indices: tuple[Expr, ...], write: bool, guarded: bool) -> Access:
         affine = tuple(_affine_or_none(substitute(ix, to_loops), ranges) for ix in indices)
+        over_axes = [_affine_or_none(ix, axis_ranges) for ix in indices]
         text = f"{buffer}[{', '.join(to_str(ix) for ix in indices)}]"
-        return Access(blk.name, buffer, write, affine, text, guarded)
+        return Access(blk.name, buffer, write, affine, text, guarded,
+                      tuple(None if a is None else a.bounds(axis_ranges) for a in over_axes))
 
     out = [access(blk.buffer, blk.indices, True, False)]
     if blk.reduce is not None:
@@ -229,11 +235,13 @@ def _check_bindings(site: Site) -> None:
                 )
             expected *= extents[lp]
         extent = blk.axis(b.axis).extent
-        if expected != extent or b.offset != 0:
+        if b.offset != 0 or not (expected == extent or _tight_remainder(b, extents, extent)):
             raise ScheduleError(
                 f"block {blk.name}: loops of axis {b.axis} cover "
                 f"{b.offset}..{b.offset + expected - 1}, not 0..{extent - 1}"
             )
+        if expected > extent:
+            _check_remainder_nesting(blk, b, site.loop_names, expected)
     if blk.reduce is not None:
         for lp in site.loop_names:
             if lp not in used:
@@ -241,6 +249,30 @@ def _check_bindings(site: Site) -> None:
                     f"accumulating block {blk.name} is under loop {lp} that binds none of its axes"
                     " (it would accumulate repeatedly)"
                 )
+
+
+def _tight_remainder(b: Binding, extents: dict[str, int], extent: int) -> bool:
+    """Does the axis's outermost piece (largest stride) overshoot the extent by less than one of
+    its own steps? Then the points past the extent are skipped (the block's implicit guard) and
+    every iteration of that piece but the last is a full tile."""
+    if not b.terms:
+        return False
+    loop, stride = max(b.terms, key=lambda t: (t[1], extents[t[0]]))
+    return (extents[loop] - 1) * stride < extent < extents[loop] * stride
+
+
+def _check_remainder_nesting(blk: Block, b: Binding, nest: tuple[str, ...], covered: int) -> None:
+    """A remaindered axis's pieces must nest outer to inner, so that its tail is one iteration of
+    each piece in turn and the backend can peel it statically (docs/ARCHITECTURE.md §6)."""
+    order = sorted(b.terms, key=lambda t: (-t[1], nest.index(t[0])))
+    positions = [nest.index(lp) for lp, _ in order]
+    for (outer, _), (inner, _), p, q in zip(order, order[1:], positions, positions[1:]):
+        if q < p:
+            raise ScheduleError(
+                f"block {blk.name}: axis {b.axis} has a remainder (its loops cover "
+                f"0..{covered - 1} of {blk.axis(b.axis).extent}), so its pieces must nest outer "
+                f"to inner, but {inner} encloses {outer}"
+            )
 
 
 def _check_loop_kind(prog: Program, lp: Loop, path: tuple, where: dict[str, Site]) -> None:
@@ -359,14 +391,24 @@ def _check_same_iteration(buf: str, ws: Site, wa: Access, rs: Site, ra: Access,
                 )
         if ra.guarded:
             continue
-        w_lo, w_hi = _residual(wi, shared).bounds(ws.ranges())
-        r_lo, r_hi = _residual(ri, shared).bounds(rs.ranges())
+        w_lo, w_hi = _clamped(_residual(wi, shared).bounds(ws.ranges()), wa, d, shared)
+        r_lo, r_hi = _clamped(_residual(ri, shared).bounds(rs.ranges()), ra, d, shared)
         if r_lo < w_lo or r_hi > w_hi:
             where = f"per iteration of {shared[-1]}" if shared else "in total"
             raise ScheduleError(
                 f"block {r} reads {buf} dimension {d} in [{r_lo}, {r_hi}] {where}, "
                 f"but {w} writes only [{w_lo}, {w_hi}]"
             )
+
+
+def _clamped(bounds: tuple[int, int], acc: Access, dim: int,
+             shared: list[str]) -> tuple[int, int]:
+    """Bounds over the loops, cut to the block's axes' range where that is the whole story (no
+    shared loop fixes part of the index): a remainder's points past the axis do not run."""
+    whole = acc.axis_bounds[dim] if acc.axis_bounds else None
+    if shared or whole is None:
+        return bounds
+    return max(bounds[0], whole[0]), min(bounds[1], whole[1])
 
 
 def _residual(a: Affine, shared: list[str]) -> Affine:

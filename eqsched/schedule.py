@@ -100,12 +100,17 @@ class Schedule:
     # ---- loops ----------------------------------------------------------------------------
 
     def split(self, loop: str, factors: list[int]) -> list[str]:
-        """Split `loop` into nested pieces `loop.0` (outermost) ... with the given extents."""
+        """Split `loop` into nested pieces `loop.0` (outermost) ... with the given extents. They
+        may leave a remainder when `loop` is its axis's outermost piece: `[-1, 16]` of 127 is
+        8 x 16, and the points past 127 do not run."""
         lp = self._loop(loop)
         if lp.kind != LoopKind.SERIAL:
             raise ScheduleError(f"split of {loop}: it is {KIND_WORD[lp.kind]}; split before "
                                 "annotating")
         sizes = _resolve_factors(loop, lp.extent, list(factors))
+        if math.prod(sizes) != lp.extent:
+            _check_remainder_at_top(f"split of {loop} (extent {lp.extent}) by {list(factors)}",
+                                    loop, lp.body)
         names = [f"{loop}.{n}" for n in range(len(sizes))]
         strides = [math.prod(sizes[n + 1:]) for n in range(len(sizes))]
 
@@ -380,20 +385,39 @@ class Schedule:
 
 
 def _resolve_factors(loop: str, extent: int, factors: list[int]) -> list[int]:
+    """The pieces' extents, outermost first. They may overshoot `extent` (a remainder: `-1` is
+    the ceiling, `[-1, 16]` of 127 is 8 x 16) when only the outermost piece's last iteration is
+    partial; the block's axis extent then skips the points past the end."""
     where = f"split of {loop} (extent {extent}) by {factors}"
     if not factors or any(not isinstance(f, int) or isinstance(f, bool) for f in factors):
         raise ScheduleError(f"{where}: factors must be a non-empty list of integers")
     if factors.count(-1) > 1 or any(f == 0 or f < -1 for f in factors):
         raise ScheduleError(f"{where}: factors must be positive, with at most one -1")
     known = math.prod(f for f in factors if f != -1)
-    if extent % known:
-        raise ScheduleError(f"{where}: {known} does not divide {extent}")
-    if -1 in factors:
-        return [extent // known if f == -1 else f for f in factors]
-    if known != extent:
+    sizes = [-(-extent // known) if f == -1 else f for f in factors]
+    total = math.prod(sizes)
+    if total < extent:
+        if extent % known:
+            raise ScheduleError(f"{where}: {known} does not divide {extent}")
         raise ScheduleError(f"{where}: the factors multiply to {known}, not {extent} "
                             "(use -1 to infer one)")
-    return factors
+    if (sizes[0] - 1) * (total // sizes[0]) >= extent:  # the outermost piece's last step is empty
+        raise ScheduleError(f"{where}: {known} does not divide {extent}")
+    return sizes
+
+
+def _check_remainder_at_top(where: str, loop: str, body: tuple[Node, ...]) -> None:
+    """A split that leaves a remainder must split the outermost piece of every axis it
+    iterates: an inner piece's overshoot would run into the next outer step."""
+    for blk in (n for n, _ in walk(body) if isinstance(n, Block)):
+        bound = loop_binding(blk, loop)
+        if bound is None:
+            continue
+        axis, stride = bound
+        if any(s > stride for _, s in blk.binding(axis).terms):
+            raise ScheduleError(f"{where}: {loop} is an inner piece of axis {axis} of "
+                                f"{blk.name}; only an axis's outermost piece may leave a "
+                                "remainder")
 
 
 def _rebind(blk: Block, pieces: dict[str, list[tuple[str, int]]]) -> Block:

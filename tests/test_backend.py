@@ -8,6 +8,7 @@ import pytest
 
 from eqsched import expr, te
 from eqsched.backend import BackendError, CompileOptions, compile_program
+from eqsched.backend.lower import lower
 from eqsched.expr import Const, Load, Var
 from eqsched.interp import run_program
 from eqsched.ir import (
@@ -23,6 +24,7 @@ from eqsched.ir import (
     nest,
 )
 from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.schedule import Schedule
 from eqsched.workloads import list_workloads
 
 S, U, V, P = LoopKind.SERIAL, LoopKind.UNROLL, LoopKind.VECTOR, LoopKind.PARALLEL
@@ -272,6 +274,73 @@ def test_padded_convolution_matches_numpy():
         out = np.empty(n, np.float32)
         run(prog, *(named[buf.name] for buf in prog.inputs), out)
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---- splits that leave a remainder: full tiles, then a peeled tail -----------------------------
+
+
+def plus_one(n: int, loops: list[tuple[str, int, LoopKind, str, int]]) -> Program:
+    return retile(naive_program(unary(n, lambda v, i: v[i] + 1.0)), "Y", loops)
+
+
+def full_tile_loop(prog: Program) -> str:
+    """The IR of the loop over full tiles, its trip count taken out."""
+    text = str(lower(prog, "", "")[0])
+    body = text[text.index("Y.i.0:"):text.index("Y.i.0.done:")]
+    return re.sub(r"icmp slt i64 (%\S+), \d+", r"icmp slt i64 \1, N", body)
+
+
+def test_full_tiles_of_a_remainder_compile_like_an_exact_split():
+    # 37 = 2 x 16 + 5: the same loop as 48 = 3 x 16 over two steps, then one <5 x float> step.
+    exact = plus_one(48, [("Y.i.0", 3, S, "i", 16), ("Y.i.1", 16, V, "i", 1)])
+    tail = plus_one(37, [("Y.i.0", 3, S, "i", 16), ("Y.i.1", 16, V, "i", 1)])
+    assert full_tile_loop(tail) == full_tile_loop(exact)
+    text = str(lower(tail, "", "")[0])
+    assert "<5 x float>" in text and "masked" not in text and "if" not in text
+    x, out = rand(37), np.empty(37, np.float32)
+    run(tail, x, out)
+    np.testing.assert_array_equal(out, x + 1.0)
+
+
+def test_nested_remainders_peel_down_to_each_piece():
+    # 61 = 1 x 48 + 13; the tail's 13 = 1 x 8 + 5 of an unrolled piece of 2 x 8 lanes.
+    prog = plus_one(61, [("Y.i.0", 2, S, "i", 48), ("Y.i.1", 3, U, "i", 16),
+                         ("Y.i.2", 2, U, "i", 8), ("Y.i.3", 8, V, "i", 1)])
+    text = str(lower(prog, "", "")[0])
+    assert "<5 x float>" in text and "masked" not in text
+    x, out = rand(61), np.empty(61, np.float32)
+    run(prog, x, out)
+    np.testing.assert_array_equal(out, x + 1.0)
+
+
+def test_a_parallel_piece_with_a_remainder_runs_its_tail_in_one_chunk():
+    comp = matmul(13, 10, 7)
+    sch = Schedule(naive_program(comp))
+    sch.split("C.i", [-1, 4])
+    sch.fuse("C.init", "C.i.0")
+    sch.parallel("C.i.0")
+    inputs = random_inputs(comp, seed=1)
+    for threads in (1, 2, 3):
+        got = compile_program(sch.program, CompileOptions(threads=threads)).run(inputs)
+        ok, _, msg = compare(got, reference(comp, inputs), tolerance(comp))
+        assert ok, msg
+
+
+def test_pieces_that_cannot_be_peeled_are_guarded_point_by_point():
+    # Illegal (a remainder's inner piece encloses its outer one) but built unchecked, as rule
+    # fuzzing does: the backend still runs only the points that exist, by a branch around the
+    # block for the rows and a masked store for the lanes.
+    comp = matmul(13, 127, 5)
+    sch = Schedule(naive_program(comp), checked=False)
+    sch.split("C.j", [-1, 2, 16])
+    sch.split("C.i", [-1, 4])
+    sch.reorder("C.i.1", "C.i.0", "C.j.1", "C.j.0", "C.k", "C.j.2")
+    sch.vectorize("C.j.2")
+    assert "masked.store" in str(lower(sch.program, "", "")[0])
+    inputs = random_inputs(comp, seed=1)
+    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
+                         tolerance(comp))
+    assert ok, msg
 
 
 # ---- parallel loops -----------------------------------------------------------------------------

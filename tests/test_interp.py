@@ -77,3 +77,13 @@ def test_missing_or_misshapen_inputs_are_errors():
         run_program(prog, {"A": np.ones((4, 4))})
     with pytest.raises(InterpError, match=r"input A has shape \(4, 5\), expected \(4, 4\)"):
         run_program(prog, {"A": np.ones((4, 5)), "B": np.ones((4, 4))})
+
+
+def test_points_past_a_remainder_do_not_run():
+    comp = get_workload("matmul").build(7, 5, 3)
+    sch = Schedule(naive_program(comp))
+    sch.split("C.i", [-1, 4])
+    sch.split("C.init.j", [-1, 4])
+    inputs = random_inputs(comp, seed=3)
+    ok, _, msg = compare(run_program(sch.program, inputs), reference(comp, inputs), tolerance(comp))
+    assert ok, msg

@@ -107,6 +107,36 @@ def test_pieces_of_an_axis_must_form_a_mixed_radix_number():
         check_program(prog)
 
 
+def test_only_the_outermost_piece_may_overshoot_and_by_less_than_one_step():
+    sch = Schedule(naive("matmul", 7, 4, 4))
+    sch.split("C.i", [2, 4])  # 8 > 7: the guard i < 7 skips one point
+    check_program(sch.program)
+    loose = rebind(sch.program, "C.update", "i", (("C.i.0", 8), ("C.i.1", 1)))
+    with pytest.raises(ScheduleError, match="C.i.0 has stride 8 in axis i, expected 4"):
+        check_program(loose)
+
+    def shrink(n):  # the same loops over an axis of 3: their second step of 4 would be empty
+        if isinstance(n, Block) and n.name == "C.update":
+            return replace(n, axes=tuple(replace(a, extent=3) if a.name == "i" else a
+                                         for a in n.axes))
+        return None
+
+    wide = sch.program.with_body(map_nodes(sch.program.body, shrink))
+    with pytest.raises(ScheduleError, match="loops of axis i cover 0..7, not 0..2"):
+        check_program(wide)
+
+
+def test_a_remainder_reads_only_what_exists():
+    # The update's loops reach C[7, ...], which is not there; the guard keeps it from running, so
+    # the update reads only the rows the init wrote.
+    sch = Schedule(naive("matmul", 7, 4, 4))
+    sch.split("C.i", [2, 4])
+    update = accesses(sites(sch.program)["C.update"])[0]
+    assert update.indices[0].bounds({"C.i.0": (0, 1), "C.i.1": (0, 3)}) == (0, 7)
+    assert update.axis_bounds[0] == (0, 6)
+    check_program(sch.program)
+
+
 def test_an_accumulation_under_a_loop_it_does_not_bind_would_repeat():
     prog = naive("matmul", 4, 4, 4)
     twice = Loop("R", 2, LoopKind.SERIAL, prog.body[1:])

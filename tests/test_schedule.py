@@ -62,6 +62,31 @@ def test_split_rejects_a_factor_that_does_not_divide_the_extent():
     assert [s["op"] for s in sch.trace] == ["unroll"]  # rejected steps leave no trace
 
 
+def test_a_split_may_leave_a_remainder_in_its_outermost_piece():
+    comp, sch = build("matmul", 127, 13, 7)
+    assert sch.split("C.i", [-1, 16]) == ["C.i.0", "C.i.1"]
+    assert [lp.extent for lp in sch.program.enclosing("C.update")][:2] == [8, 16]
+    assert sch.trace[-1]["args"]["factors"] == [8, 16]
+    sch.split("C.i.0", [-1, 3])  # the outermost piece again: 3 x 3 of 8
+    sch.split("C.j", [4, -1])  # 13 = 4 steps of 4, the last with 1
+    sch.split("C.k", [2, 4])  # no -1: 2 x 4 covers 7 with one step to spare
+    sch.unroll("C.k.1")
+    assert_computes(sch.program, comp)
+
+
+def test_a_remainder_is_refused_where_it_would_overlap_or_be_empty():
+    _, sch = build("matmul", 127, 13, 7)
+    sch.split("C.i", [-1, 16])
+    with pytest.raises(ScheduleError, match=r"split of C.i.1 \(extent 16\) by \[-1, 5\]: C.i.1 "
+                                            r"is an inner piece of axis i of C.update"):
+        sch.split("C.i.1", [-1, 5])
+    with pytest.raises(ScheduleError, match="20 does not divide 13"):
+        sch.split("C.j", [10, 2])  # 20 > 13, but the second step of 10 would be empty
+    with pytest.raises(ScheduleError, match="pieces must nest outer to inner, but C.i.1 "
+                                            "encloses C.i.0"):
+        sch.reorder("C.i.1", "C.i.0")
+
+
 def test_reorder_permutes_a_chain_of_loops():
     comp, sch = build("matmul", 16, 24, 8)
     sch.split("C.j", [3, 8])

@@ -57,9 +57,12 @@ class Indexer:
         self.axes: dict[str, Expr] = {}
         self.vec: Loop | None = None
 
-    def enter(self, loop: Loop, value: Scalar | Lanes) -> None:
+    def enter(self, loop: Loop, value: Scalar | Lanes,
+              span: tuple[int, int] | None = None) -> None:
+        """`loop` encloses what follows with this value, over `span` (inclusive; default its
+        whole extent): a peeled or partitioned loop runs over part of it."""
         self.env[loop.name] = value
-        self.ranges[loop.name] = (0, loop.extent - 1)
+        self.ranges[loop.name] = span if span is not None else (0, loop.extent - 1)
         self.depth[loop.name] = len(self.depth)
         if value is LANES:
             self.vec = loop

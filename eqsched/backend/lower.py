@@ -20,6 +20,7 @@ from llvmlite import ir
 
 from ..expr import BinOp, Call, Const, Expr, Load, Select
 from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope
+from ..legality import loop_binding
 from .errors import BackendError
 from .indexing import LANES, Indexer
 from .mathlib import F32, I32, MathEmitter, broadcast, same_shape
@@ -27,6 +28,9 @@ from .mathlib import F32, I32, MathEmitter, broadcast, same_shape
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
+# Partial steps of a loop emitted one by one with the variable a constant; more (blocks under the
+# loop that disagree on where their axes end) run as a loop with each block guarded.
+MAX_PEELED = 2
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,21 @@ class _FunctionEmitter:
 
     def emit_chunk(self, loop: Loop) -> None:
         lo, hi = self.fn.args[-2:]
-        self._counted_loop(loop, lo, hi)
+        full, reach = self._span(loop)
+        if full == loop.extent:
+            self._counted_loop(loop, lo, hi)
+        else:
+            # The kernel hands out chunks of the whole extent; the full steps run as a loop and
+            # the chunk holding the tail step runs it peeled.
+            b = self.b
+            bound = ir.Constant(I64, full)
+            self._counted_loop(loop, lo, b.select(b.icmp_signed("<", hi, bound), hi, bound),
+                               (0, max(full - 1, 0)))
+            for value in range(full, reach):
+                step = ir.Constant(I64, value)
+                inside = b.and_(b.icmp_signed("<=", lo, step), b.icmp_signed(">", hi, step))
+                with b.if_then(inside):
+                    self._peeled(loop, value)
         self.b.ret_void()
 
     def _nodes(self, nodes: tuple[Node, ...]) -> None:
@@ -110,17 +128,68 @@ class _FunctionEmitter:
                 f"parallel loop {loop.name} is not at the root of the program; only root loops "
                 "can be run in parallel"
             )
-        if loop.kind == LoopKind.SERIAL:
-            self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, loop.extent))
-        elif loop.kind == LoopKind.UNROLL:
-            for value in range(loop.extent):
-                self.ix.enter(loop, value)
-                self._nodes(loop.body)
-            self.ix.leave(loop)
-        else:
+        full, reach = self._span(loop)
+        if loop.kind == LoopKind.UNROLL:
+            for value in range(reach):
+                self._peeled(loop, value)
+        elif loop.kind == LoopKind.VECTOR and full == loop.extent:
             self._vectorized(loop)
+        elif loop.kind == LoopKind.VECTOR:
+            # A tail: the lanes that run whole form a narrower vector (<7 x float> for 7 of 8
+            # lanes); a lane that runs in part (a vector piece with a stride) is peeled.
+            if full > 1:
+                self._vectorized(Loop(loop.name, full, loop.kind, loop.body))
+            for value in range(0 if full == 1 else full, reach):
+                self._peeled(loop, value)
+        else:
+            if full > 0:
+                self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, full))
+            if reach - full > MAX_PEELED:
+                self._counted_loop(loop, ir.Constant(I64, full), ir.Constant(I64, reach))
+            else:
+                for value in range(full, reach):
+                    self._peeled(loop, value)
 
-    def _counted_loop(self, loop: Loop, lo: ir.Value, hi: ir.Value) -> None:
+    def _peeled(self, loop: Loop, value: int) -> None:
+        """One iteration with the loop variable a constant, so the loops inside see how much of
+        a remainder is left and shrink to it."""
+        self.ix.enter(loop, value, (value, value))
+        self._nodes(loop.body)
+        self.ix.leave(loop)
+
+    def _span(self, loop: Loop) -> tuple[int, int]:
+        """(full, reach): the steps [0, full) of `loop` run every point of every block under it,
+        the steps [full, reach) some, the steps past reach none (static loop partition).
+
+        A block constrains a loop that is the outermost free piece of one of its axes: the
+        pieces inside it span exactly [0, stride) (legality: a mixed-radix number, remainders
+        nested outer to inner), so with the enclosing pieces' constant values taken off, `rest`
+        points of the axis are left: rest // stride full steps and one partial step."""
+        full, reach = loop.extent, 0
+        for blk in _blocks_under(loop):
+            bound = loop_binding(blk, loop.name)
+            if bound is None:
+                reach = loop.extent  # the block runs at every step
+                continue
+            axis, stride = bound
+            binding = blk.binding(axis)
+            rest = blk.axis(axis).extent - binding.offset
+            top = True
+            for lp, s in binding.terms:
+                value = self.ix.env.get(lp)
+                if isinstance(value, int):
+                    rest -= s * value
+                elif lp != loop.name and s > stride:
+                    top = False  # a free piece outside this one in the axis: no partition here
+            if not top:
+                reach = loop.extent
+                continue
+            full = min(full, max(rest // stride, 0))
+            reach = max(reach, min(max(-(-rest // stride), 0), loop.extent))
+        return full, reach
+
+    def _counted_loop(self, loop: Loop, lo: ir.Value, hi: ir.Value,
+                      span: tuple[int, int] | None = None) -> None:
         b = self.b
         body = self.fn.append_basic_block(loop.name)
         done = self.fn.append_basic_block(f"{loop.name}.done")
@@ -132,7 +201,9 @@ class _FunctionEmitter:
         b.position_at_end(body)
         iv = b.phi(I64, name=loop.name)
         iv.add_incoming(lo, pre)
-        self.ix.enter(loop, iv)
+        if span is None and isinstance(lo, ir.Constant) and isinstance(hi, ir.Constant):
+            span = (lo.constant, hi.constant - 1)
+        self.ix.enter(loop, iv, span)
         self._nodes(loop.body)
         self.ix.leave(loop)
         nxt = b.add(iv, ir.Constant(I64, 1), flags=["nuw", "nsw"])
@@ -176,6 +247,48 @@ class _FunctionEmitter:
     # ---- blocks -----------------------------------------------------------------------------
 
     def _block(self, blk: Block) -> None:
+        cond = self._guard(blk)
+        if cond is False:
+            return
+        if cond is True:
+            self._store(blk, None)
+            return
+        self.guarded += 1
+        if isinstance(cond.type, ir.VectorType):
+            self._store(blk, cond)
+        else:
+            with self.b.if_then(cond):
+                self._store(blk, None)
+        self.guarded -= 1
+
+    def _guard(self, blk: Block) -> ir.Value | bool:
+        """Whether the block's point lies inside its axes (the guard of a split that leaves a
+        remainder): True or False when the loops' ranges decide it, which the static partition
+        makes the rule; else the runtime test, `<L x i1>` when it differs per lane."""
+        cond: ir.Value | bool = True
+        for binding in blk.bindings:
+            extent = blk.axis(binding.axis).extent
+            lo = hi = binding.offset
+            for lp, stride in binding.terms:
+                first, last = self.ix.ranges[lp]
+                lo, hi = lo + stride * first, hi + stride * last
+            if hi < extent:
+                continue
+            if lo >= extent:
+                return False
+            value = self.ix.int_value(binding.expr())
+            if isinstance(value, int):
+                if value >= extent:
+                    return False
+                continue
+            limit = ir.Constant(value.type, [extent] * value.type.count
+                                if isinstance(value.type, ir.VectorType) else extent)
+            inside = self.b.icmp_signed("<", value, limit)
+            cond = inside if cond is True else self.b.and_(*same_shape(self.b, cond, inside))
+        return cond
+
+    def _store(self, blk: Block, mask: ir.Value | None) -> None:
+        """The block's store; with `mask` (vector code), only the lanes it sets run."""
         self.ix.bind(blk)
         vec = self.ix.vec
         addr = self.ix.address(blk.buffer, blk.indices)
@@ -188,21 +301,28 @@ class _FunctionEmitter:
         ptr = self._gep(blk.buffer, addr.scalar)
         ty = ir.VectorType(F32, vec.extent) if vec is not None else F32
         if blk.reduce is None:
-            value = self._widen(self._value(blk.value, None), ty)
-        else:
+            value = self._widen(self._value(blk.value, mask), ty)
+        elif mask is None:
             acc = self.b.load(ptr, typ=ty)
             acc.align = 4
-            value = self._accumulate(blk.reduce, acc, blk.value)
-        store = self.b.store(value, ptr)
-        store.align = 4
+            value = self._accumulate(blk.reduce, acc, blk.value, None)
+        else:
+            acc = self.b.call(_masked_load(self.b.module, ty),
+                              [ptr, ir.Constant(I32, 4), mask, ir.Constant(ty, None)])
+            value = self._accumulate(blk.reduce, acc, blk.value, mask)
+        if mask is None:
+            store = self.b.store(value, ptr)
+            store.align = 4
+        else:
+            self.b.call(_masked_store(self.b.module, ty), [value, ptr, ir.Constant(I32, 4), mask])
 
-    def _accumulate(self, op: str, acc: ir.Value, e: Expr) -> ir.Value:
+    def _accumulate(self, op: str, acc: ir.Value, e: Expr, mask: ir.Value | None) -> ir.Value:
         b = self.b
         if op == "sum" and isinstance(e, BinOp) and e.op == "*":
-            x = self._widen(self._value(e.a, None), acc.type)
-            y = self._widen(self._value(e.b, None), acc.type)
+            x = self._widen(self._value(e.a, mask), acc.type)
+            y = self._widen(self._value(e.b, mask), acc.type)
             return MathEmitter(b, acc.type).fma(x, y, acc)
-        v = self._widen(self._value(e, None), acc.type)
+        v = self._widen(self._value(e, mask), acc.type)
         if op == "sum":
             return b.fadd(acc, v)
         return MathEmitter(b, acc.type).call("maximum", acc, v)
@@ -357,6 +477,15 @@ def _masked_load(module: ir.Module, ty: ir.VectorType) -> ir.Function:
         return module.globals[name]
     mask_ty = ir.VectorType(I1, ty.count)
     return ir.Function(module, ir.FunctionType(ty, [PTR, I32, mask_ty, ty]), name)
+
+
+def _masked_store(module: ir.Module, ty: ir.VectorType) -> ir.Function:
+    # The (value, ptr, i32 align, mask) form, upgraded by LLVM's IR reader like the load's.
+    name = f"llvm.masked.store.v{ty.count}f32.p0"
+    if name in module.globals:
+        return module.globals[name]
+    mask_ty = ir.VectorType(I1, ty.count)
+    return ir.Function(module, ir.FunctionType(ir.VoidType(), [ty, PTR, I32, mask_ty]), name)
 
 
 def _gather(module: ir.Module, ty: ir.VectorType) -> ir.Function:
