@@ -18,6 +18,7 @@ from egglog import String, eq, relation, rule, var
 
 from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Body, Kind, Root, SStmt, block, cached, loop
+from eqsched.egraph.term import remainder_tiles
 from eqsched.expr import Var, loads
 
 from .base import Rule, register
@@ -67,9 +68,12 @@ def levels(facts: Facts, group: str) -> int:
 
 
 def tiled(extent: int) -> bool:
-    """Only composite extents are tiled: every split of a prime has all pieces but one of extent
-    1, the same loop nests as moving the whole loop (duplicates that only grow the e-graph)."""
-    return any(extent % d == 0 for d in range(2, isqrt(extent) + 1))
+    """Extents with a split whose pieces are not all but one of extent 1 are tiled: composite
+    ones, and those with a remainder tile (`term.remainder_tiles`: 127 as 8 x 16 with a short
+    last step). Only 1 and 2 stay whole: their splits are the same nests as moving the loop
+    (duplicates that only grow the e-graph)."""
+    return bool(remainder_tiles(extent)) or any(extent % d == 0
+                                                for d in range(2, isqrt(extent) + 1))
 
 
 def inlinable(facts: Facts) -> list[str]:

@@ -159,13 +159,21 @@ def test_reorder_moves_the_reduction_outward(matmul):
     assert any(("C.i", "") in g.reach(b)[1] for b in outer_k)
 
 
-def test_extent_one_and_prime_groups_are_not_tiled():
+def test_groups_without_a_useful_split_are_not_tiled():
+    # 1 and 3 have no split but the loop itself (3 has no remainder tile: term.remainder_tiles).
     sat = saturate(naive("conv2d_nchw"), default_rules())  # n = 1, C = 3, ry = rx = 3, K = 4
     facts = facts_of(sat.naive)
     whole = {facts.group("Y.update", axis) for axis in ("n", "rc", "ry", "rx")}
     paths = {(grp, path) for grp, path, _, _ in Graph(sat).loops()}
     assert not any(grp in whole and p for grp, p in paths)
     assert ("Y.k", "3/4") in paths
+
+
+def test_a_prime_group_is_tiled_with_a_remainder():
+    sat = saturate(naive_program(get_workload("matmul").build(13, 16, 4)), default_rules())
+    loops = Graph(sat).loops()
+    assert {("C.i", "3/4"), ("C.j", "3/4")} <= {(grp, path) for grp, path, _, _ in loops}
+    assert ("C.i", "3/4", "vector") not in {(grp, path, kind) for grp, path, kind, _ in loops}
 
 
 # ---- vectorize, unroll, parallel -----------------------------------------------------------

@@ -18,6 +18,7 @@ from eqsched.egraph.facts import Facts, facts_of
 from eqsched.egraph.lang import SERIALIZED_OPS, Root, root_expr, stmt_expr
 from eqsched.egraph.space import Space, SpaceError
 from eqsched.egraph.term import (
+    VECTOR_LANES,
     BlockRef,
     Cached,
     PackRef,
@@ -95,7 +96,8 @@ def space() -> Space:
 
 
 def brute_force(sp: Space) -> set:
-    """Every (Term, Sizes) by trying all node choices and all divisor assignments."""
+    """Every (Term, Sizes) by trying all node choices and all assignments of divisors (of the
+    extent, of powers of two, and ceilings of the extent by them)."""
     data = sp.saturation.serialized()
     nodes, members = data["nodes"], {}
     for nid, n in nodes.items():
@@ -152,9 +154,24 @@ def brute_force(sp: Space) -> set:
                     return sizes[(group, p)] if whole in (None, sizes[(group, p)]) else -1
                 return whole
 
-            if used and ext("") != extent:
+            top = sorted((q for q in tree if q and parent_path(q)[0] == ""),
+                         key=lambda q: parent_path(q)[1])
+            if "" in used and sizes[(group, "")] != extent:
+                return False
+            parts = [ext(q) for q in top]
+            if top and (-1 in parts or not fits(extent, parts)):
                 return False
         return True
+
+    def fits(extent, top):
+        """The top split multiplies to the extent, or leaves a remainder: a power-of-two inner
+        tile from the narrowest vector to below twice the extent, the outermost piece short by
+        less than one step."""
+        outer, tile = top[0], math.prod(top[1:])
+        if outer * tile == extent:
+            return True
+        power = tile & (tile - 1) == 0 and min(VECTOR_LANES) <= tile < 2 * extent
+        return power and (outer - 1) * tile < extent < outer * tile
 
     out = set()
     for packs, inlined, body in choices(sp.root_class):
@@ -168,7 +185,10 @@ def brute_force(sp: Space) -> set:
                 options.append([d for d in range(2, n + 1) if n % d == 0])
             else:
                 n = sp.facts.extents[g]
-                options.append([d for d in range(1, n + 1) if n % d == 0])
+                tiles = [1 << a for a in range(2 * n.bit_length())]
+                options.append(sorted({d for d in range(1, n + 1) if n % d == 0}
+                                      | {d for t in tiles for d in range(1, t + 1) if t % d == 0}
+                                      | {-(-n // t) for t in tiles}))
         for values in product(*options):
             sizes = dict(zip(syms, values))
             if valid(term, sizes):
@@ -196,6 +216,26 @@ def test_counts_by_hand(space):
     # and multiplies by 4 pack factors (2, 4, 8, 16 of B's 16 columns).
     assert space.count() == 9 + 9 * 4
     assert space.count_structures() == 4 + 4
+
+
+def test_a_split_may_leave_a_remainder_counted_like_brute_force():
+    # C.j of 12 in two pieces: the factorizations (1,12) .. (12,1), and inner tiles of 8 and 16
+    # under a ceiling (2 x 8, 1 x 16): 8 serial splits; only the remainders give vector lanes.
+    twelve = naive_program(get_workload("matmul").build(4, 12, 2))
+    sp = hand_space(NAIVE_TERM, UNIONS, twelve)
+    programs, brute = sp.enumerate(), brute_force(sp)
+    assert sp.count() == len(programs) == len(brute)
+    assert as_set(programs) == brute
+    only_serial = Term((SPLIT_INIT_J, UPDATE_NEST))
+    vector = Term((VECTOR_INIT_J, UPDATE_NEST))
+    assert hand_space(only_serial, naive=twelve).count() == 8
+    assert [s for _, s in hand_space(vector, naive=twelve).enumerate()] == [
+        {("C.i", ""): 4, ("C.j", ""): 12, ("C.j", "0/2"): 2, ("C.j", "1/2"): 8, ("C.k", ""): 2},
+        {("C.i", ""): 4, ("C.j", ""): 12, ("C.j", "0/2"): 1, ("C.j", "1/2"): 16,
+         ("C.k", ""): 2}]
+    for term, sizes in programs:
+        assert sp.contains(term, sizes)
+        realize(term, sizes, twelve)
 
 
 def test_a_piece_vectorized_anywhere_takes_the_vector_constraint():

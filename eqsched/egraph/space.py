@@ -6,7 +6,9 @@ uses. Structure and sizes are counted together because kinds constrain sizes: a 
 8..64 lanes, an unroll piece at most 16 iterations (`term.extent_allowed`).
 
 A group's size assignments are the ordered factorizations of its extent down the split tree its
-paths form (a pack factor is any divisor > 1 of the packed dimension). Each assignment satisfies
+paths form, plus, at the top split of the whole extent, the splits that leave a remainder (an
+inner tile from `term.remainder_tiles`, the outermost piece its ceiling); a pack factor is any
+divisor > 1 of the packed dimension. Each assignment satisfies
 some of the group's *limits* (piece p in vector lanes, piece p unrollable); the assignments that
 satisfy the same ones form a *profile*. A group has few profiles (matmul 1024³: 11, 16 and 3, of
 286, 286 and 11 assignments) while the limit sets programs put on it are many, and a program's
@@ -71,6 +73,7 @@ from .term import (
     Term,
     extent_allowed,
     parent_path,
+    remainder_tiles,
     show,
     split_path,
     symbols,
@@ -145,6 +148,17 @@ def _ordered_factorizations(extent: int, ways: int) -> list[tuple[int, ...]]:
             for rest in _ordered_factorizations(extent // d, ways - 1)]
 
 
+def _top_splits(extent: int, ways: int) -> list[tuple[int, ...]]:
+    """The ways to split a whole extent: its ordered factorizations, then per remainder tile
+    (`term.remainder_tiles`) the tile's factorizations under an outermost piece of
+    ceil(extent / tile). No two are equal: a remainder tile does not divide the extent."""
+    out = _ordered_factorizations(extent, ways)
+    if ways > 1:
+        out += [(-(-extent // tile),) + inner for tile in remainder_tiles(extent)
+                for inner in _ordered_factorizations(tile, ways - 1)]
+    return out
+
+
 def _assignments(children: dict[str, list[str]], path: str, extent: int,
                  allowed: Callable[[str, int], bool] = lambda path, extent: True,
                  ) -> list[dict[str, int]]:
@@ -156,7 +170,8 @@ def _assignments(children: dict[str, list[str]], path: str, extent: int,
     if not kids:
         return [{path: extent}]
     out = []
-    for factors in _ordered_factorizations(extent, len(kids)):
+    splits = _top_splits if path == "" else _ordered_factorizations
+    for factors in splits(extent, len(kids)):
         for parts in product(*(_assignments(children, k, f, allowed)
                                for k, f in zip(kids, factors))):
             merged = {path: extent}

@@ -9,7 +9,8 @@ Pieces. A *dimension group* joins the axes of different stages that must iterate
 fused (C.i, D.i and F.i in C=A@B; D=exp(C); F=D@E), named by its first member ("C.i"). A piece
 path names a part of the group's extent by the splits that made it: "" is the whole extent;
 "0/4".."3/4" are the pieces of a 4-way split (outer to inner); "1/4.0/2" is piece 0 of a 2-way
-split of "1/4". Sibling pieces multiply to their parent's extent.
+split of "1/4". Sibling pieces multiply to their parent's extent, except that the top split of a
+whole extent may leave a remainder (`remainder_tiles`): its outermost piece is then the ceiling.
 
     Stmt  = PieceLoop(group, path, kind, body) | BlockRef(name) | Cached(stage, body)
     Root  = the program's top-level statements, plus program-level facts: inlined stages and
@@ -126,6 +127,18 @@ def show(term: Term) -> str:
 # extent, but the space only holds the useful ones: whole vectors, short unrolls).
 VECTOR_LANES = (8, 16, 32, 64)
 MAX_UNROLL_EXTENT = 16
+
+
+def remainder_tiles(extent: int) -> tuple[int, ...]:
+    """The inner tiles (product of all pieces but the outermost) by which a whole extent may be
+    split with a remainder, the outermost piece taking the ceiling: the powers of two from the
+    narrowest vector up to the extent's next power of two that do not divide it (vector widths,
+    register and cache tiles). 127 gets 8..128 (8 x 16 covers it with one short step), 7 gets
+    8 (one vector, 7 lanes used); a power of two gets none, so its space is the exact
+    factorizations alone, and so does 3 (smaller tiles only grow the e-graph)."""
+    return tuple(t for t in (1 << a for a in range(min(VECTOR_LANES).bit_length() - 1,
+                                                   extent.bit_length() + 1))
+                 if t < 2 * extent and extent % t)
 
 
 def extent_allowed(kind: str, extent: int) -> bool:
