@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .affine import Affine, AffineError, Ranges, to_affine
+from .affine import Affine, AffineError, Ranges, interval_of, to_affine
 from .expr import Expr, Load, Select, children, substitute, to_str
 from .ir import Alloc, Binding, Block, Loop, LoopKind, Program, Scope, walk
 
@@ -112,10 +112,9 @@ def _accesses(blk: Block, loops: tuple[tuple[str, int], ...]) -> tuple[Access, .
 
     def access(buffer: str, indices: tuple[Expr, ...], write: bool, guarded: bool) -> Access:
         affine = tuple(_affine_or_none(substitute(ix, to_loops), ranges) for ix in indices)
-        over_axes = [_affine_or_none(ix, axis_ranges) for ix in indices]
         text = f"{buffer}[{', '.join(to_str(ix) for ix in indices)}]"
         return Access(blk.name, buffer, write, affine, text, guarded,
-                      tuple(None if a is None else a.bounds(axis_ranges) for a in over_axes))
+                      tuple(_interval_or_none(ix, axis_ranges) for ix in indices))
 
     out = [access(blk.buffer, blk.indices, True, False)]
     if blk.reduce is not None:
@@ -155,6 +154,13 @@ def address_coeff(access: Access, shape: tuple[int, ...], loop: str) -> int | No
 def _affine_or_none(e: Expr, ranges: Ranges) -> Affine | None:
     try:
         return to_affine(e, ranges)
+    except AffineError:
+        return None
+
+
+def _interval_or_none(e: Expr, ranges: Ranges) -> tuple[int, int] | None:
+    try:
+        return interval_of(e, ranges)
     except AffineError:
         return None
 
@@ -403,10 +409,12 @@ def _check_same_iteration(buf: str, ws: Site, wa: Access, rs: Site, ra: Access,
 
 def _clamped(bounds: tuple[int, int], acc: Access, dim: int,
              shared: list[str]) -> tuple[int, int]:
-    """Bounds over the loops, cut to the block's axes' range where that is the whole story (no
-    shared loop fixes part of the index): a remainder's points past the axis do not run."""
+    """Bounds over the loops, cut to the range over the block's axes where the shared loops do
+    not move the index (then the residual is the whole index): a remainder's points past its
+    axis do not run. Where they do, both sides split alike and are compared as they are."""
     whole = acc.axis_bounds[dim] if acc.axis_bounds else None
-    if shared or whole is None:
+    index = acc.indices[dim]
+    if whole is None or index is None or any(index.coeff(lp) for lp in shared):
         return bounds
     return max(bounds[0], whole[0]), min(bounds[1], whole[1])
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from eqsched.affine import Affine, AffineError, bounds_of, to_affine
+from eqsched.affine import Affine, AffineError, bounds_of, interval_of, to_affine
 from eqsched.expr import Var
 
 i0, i1, j = Var("i0"), Var("i1"), Var("j")
@@ -41,3 +41,11 @@ def test_round_trip_through_expr():
     a = Affine.of({"i0": 8, "i1": 1}, -2)
     assert to_affine(a.to_expr(), RANGES) == a
     assert str(a) == "8*i0 + i1 + -2"
+
+
+def test_interval_bounds_what_affine_form_cannot():
+    j = Var("j")
+    assert interval_of(j // 4, {"j": (0, 11)}) == (0, 2)  # a packed panel index
+    assert interval_of(j % 4, {"j": (0, 11)}) == (0, 3)
+    assert interval_of(j % 16, {"j": (0, 11)}) == (0, 11)
+    assert interval_of(j * 2 - 1, {"j": (0, 11)}) == (-1, 21)

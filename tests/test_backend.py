@@ -343,6 +343,21 @@ def test_pieces_that_cannot_be_peeled_are_guarded_point_by_point():
     assert ok, msg
 
 
+def test_a_local_tile_allocated_after_straight_line_code_keeps_the_code_in_order():
+    # Unrolled loops open no block: the init's stores and then the tile's alloca share the entry
+    # block (as peeled tails do).
+    comp = matmul(2, 16, 4)
+    sch = Schedule(naive_program(comp))
+    sch.unroll("C.init.i")
+    sch.unroll("C.init.j")
+    sch.cache_write("C.update", "C.i")
+    sch.unroll("C.i")
+    inputs = random_inputs(comp, seed=1)
+    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
+                         tolerance(comp))
+    assert ok, msg
+
+
 # ---- parallel loops -----------------------------------------------------------------------------
 
 

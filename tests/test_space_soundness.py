@@ -1,5 +1,6 @@
 """Soundness by execution: programs drawn uniformly from each built-in workload's default space
-(small size) are derived into manual traces, compiled, and must match the numpy reference.
+(small size, and prime sizes where every split leaves a remainder) are derived into manual
+traces, compiled, and must match the numpy reference.
 
     python tests/test_space_soundness.py 200             # the full check: 200 programs each
     python tests/test_space_soundness.py 200 mlp matmul  # only the workloads named
@@ -43,9 +44,11 @@ def check_program(term: Term, sizes: Sizes, base: Program) -> str | None:
     return None if ok else f"wrong result: {message}"
 
 
-def check_workload(wl: Workload, samples: int, seed: int = SEED) -> tuple[int, list[str]]:
-    """(programs in the space, failures as 'term | sizes | problem') for `samples` draws."""
-    base = naive_program(wl.build(*wl.small_size))
+def check_workload(wl: Workload, samples: int, seed: int = SEED,
+                   size: tuple[int, ...] | None = None) -> tuple[int, list[str]]:
+    """(programs in the space, failures as 'term | sizes | problem') for `samples` draws at
+    `size` (default: the workload's small size)."""
+    base = naive_program(wl.build(*(size or wl.small_size)))
     space = build_space(base, default_rules())
     failures = []
     for term, sizes in space.sample(samples, seed):
@@ -59,6 +62,27 @@ def check_workload(wl: Workload, samples: int, seed: int = SEED) -> tuple[int, l
 def test_sampled_programs_match_the_reference(workload):
     _, failures = check_workload(workload, SUITE_SAMPLES)
     assert not failures, f"{len(failures)} of {SUITE_SAMPLES} failed, e.g.\n" + "\n".join(
+        failures[:3])
+
+
+# Every extent prime (or 1, or a kernel of 3): every split leaves a remainder. The full check at
+# larger primes, 200 programs each, is bench/prime_soundness.py.
+PRIME_SIZES = {
+    "batch_matmul": (2, 5, 7, 3),
+    "conv2d_nchw": (1, 3, 5, 7, 5, 3, 3, 1, 1),
+    "elementwise_chain": (31,),
+    "matmul": (11, 13, 7),
+    "mlp": (3, 11, 7, 5),
+    "mm_exp_mm": (5, 7, 3, 11),
+    "softmax": (5, 23),
+}
+PRIME_SAMPLES = 5
+
+
+@pytest.mark.parametrize("workload", list_workloads(), ids=lambda w: w.name)
+def test_sampled_programs_at_prime_sizes_match_the_reference(workload):
+    _, failures = check_workload(workload, PRIME_SAMPLES, size=PRIME_SIZES[workload.name])
+    assert not failures, f"{len(failures)} of {PRIME_SAMPLES} failed, e.g.\n" + "\n".join(
         failures[:3])
 
 

@@ -240,6 +240,9 @@ class _FunctionEmitter:
         slot = entry.alloca(ir.ArrayType(F32, buf.size), name=buf.name)
         slot.align = 64
         slot.type = PTR  # llvmlite gives allocas typed pointers; all other pointers are opaque
+        # The main builder may be in the entry block too (no loop opened a block before this
+        # alloc: they were peeled or unrolled); its insertion point shifted with the alloca.
+        self.b.position_at_end(self.b.block)
         self.ptrs[buf.name] = slot
         self._nodes(node.body)
         del self.ptrs[buf.name]
