@@ -8,7 +8,7 @@ import pytest
 
 from eqsched import expr, te
 from eqsched.backend import BackendError, CompileOptions, compile_program
-from eqsched.backend.lower import lower
+from eqsched.backend.lower import PEEL_LIMIT, lower
 from eqsched.expr import Const, Load, Var
 from eqsched.interp import run_program
 from eqsched.ir import (
@@ -311,6 +311,21 @@ def test_nested_remainders_peel_down_to_each_piece():
     x, out = rand(61), np.empty(61, np.float32)
     run(prog, x, out)
     np.testing.assert_array_equal(out, x + 1.0)
+
+
+def test_a_tail_too_big_to_peel_runs_guarded_instead():
+    # 700 = 1 x 512 + 188: the tail of Y.i.0 would copy 32 x 16 unrolled blocks (over
+    # PEEL_LIMIT), so it runs them as they are, each guarded (here decided block by block).
+    big = plus_one(700, [("Y.i.0", 2, S, "i", 512), ("Y.i.1", 32, U, "i", 16),
+                         ("Y.i.2", 16, U, "i", 1)])
+    small = plus_one(700, [("Y.i.0", 2, S, "i", 512), ("Y.i.1", 32, S, "i", 16),
+                           ("Y.i.2", 16, V, "i", 1)])
+    assert 32 * 16 > PEEL_LIMIT >= 32  # the unrolled blocks each tail would copy
+    x = rand(700)
+    for prog in (big, small):
+        out = np.empty(700, np.float32)
+        run(prog, x, out)
+        np.testing.assert_array_equal(out, x + 1.0)
 
 
 def test_a_parallel_piece_with_a_remainder_runs_its_tail_in_one_chunk():

@@ -31,6 +31,7 @@ PTR = ir.PointerType()
 # Partial steps of a loop emitted one by one with the variable a constant; more (blocks under the
 # loop that disagree on where their axes end) run as a loop with each block guarded.
 MAX_PEELED = 2
+PEEL_LIMIT = 256  # blocks (unrolled copies counted) a peeled tail may emit
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class _FunctionEmitter:
         self.b = ir.IRBuilder(self.entry)
         self.ix = Indexer(self.b, prog)
         self.guarded = 0  # > 0 while emitting a Select branch: loads there may be out of bounds
+        self.unpartitioned = 0  # > 0 inside a tail too big to peel: blocks are guarded instead
 
     # ---- structure --------------------------------------------------------------------------
 
@@ -106,11 +108,12 @@ class _FunctionEmitter:
             bound = ir.Constant(I64, full)
             self._counted_loop(loop, lo, b.select(b.icmp_signed("<", hi, bound), hi, bound),
                                (0, max(full - 1, 0)))
-            for value in range(full, reach):
-                step = ir.Constant(I64, value)
-                inside = b.and_(b.icmp_signed("<=", lo, step), b.icmp_signed(">", hi, step))
-                with b.if_then(inside):
-                    self._peeled(loop, value)
+            first, last = ir.Constant(I64, full), ir.Constant(I64, reach)
+            inside = b.and_(b.icmp_signed("<", lo, last), b.icmp_signed(">", hi, first))
+            with b.if_then(inside):
+                # The whole tail in the one chunk that reaches it: chunks are contiguous and
+                # the last one ends at the extent.
+                self._tail(loop, full, reach)
         self.b.ret_void()
 
     def _nodes(self, nodes: tuple[Node, ...]) -> None:
@@ -144,11 +147,24 @@ class _FunctionEmitter:
         else:
             if full > 0:
                 self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, full))
-            if reach - full > MAX_PEELED:
-                self._counted_loop(loop, ir.Constant(I64, full), ir.Constant(I64, reach))
-            else:
-                for value in range(full, reach):
-                    self._peeled(loop, value)
+            if reach > full:
+                self._tail(loop, full, reach)
+
+    def _tail(self, loop: Loop, full: int, reach: int) -> None:
+        """The partial steps [full, reach): peeled, so the loops inside shrink to what is left,
+        when that copy of the body is small; else run as they are, each block guarded (every
+        peeled level copies the body once more, and big unrolled bodies made code that LLVM
+        took a minute to compile)."""
+        if reach - full <= MAX_PEELED and _emitted(loop.body) <= PEEL_LIMIT:
+            for value in range(full, reach):
+                self._peeled(loop, value)
+            return
+        self.unpartitioned += 1
+        if reach - full == 1:
+            self._peeled(loop, full)
+        else:
+            self._counted_loop(loop, ir.Constant(I64, full), ir.Constant(I64, reach))
+        self.unpartitioned -= 1
 
     def _peeled(self, loop: Loop, value: int) -> None:
         """One iteration with the loop variable a constant, so the loops inside see how much of
@@ -165,6 +181,8 @@ class _FunctionEmitter:
         pieces inside it span exactly [0, stride) (legality: a mixed-radix number, remainders
         nested outer to inner), so with the enclosing pieces' constant values taken off, `rest`
         points of the axis are left: rest // stride full steps and one partial step."""
+        if self.unpartitioned:
+            return loop.extent, loop.extent
         full, reach = loop.extent, 0
         for blk in _blocks_under(loop):
             bound = loop_binding(blk, loop.name)
@@ -471,6 +489,19 @@ def _blocks_under(loop: Loop) -> list[Block]:
         else:
             out += _blocks_under(n)  # type: ignore[arg-type]
     return out
+
+
+def _emitted(nodes: tuple[Node, ...]) -> int:
+    """Blocks the nodes emit, an unrolled loop's body once per step: what a peeled copy costs."""
+    total = 0
+    for n in nodes:
+        if isinstance(n, Block):
+            total += 1
+        elif isinstance(n, Loop):
+            total += (n.extent if n.kind == LoopKind.UNROLL else 1) * _emitted(n.body)
+        else:
+            total += _emitted(n.body)
+    return total
 
 
 def _masked_load(module: ir.Module, ty: ir.VectorType) -> ir.Function:
