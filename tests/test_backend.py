@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from eqsched import expr, te
-from eqsched.backend import BackendError, CompileOptions, compile_program
+from eqsched.backend import BackendError, CompileOptions, Target, TargetError, compile_program
 from eqsched.expr import Const, Load, Var
 from eqsched.interp import run_program
 from eqsched.ir import (
@@ -390,3 +390,43 @@ def test_run_takes_named_inputs_and_starts_outputs_as_nan():
     partial = replace(prog, buffers=tuple(
         replace(b, shape=(3, 8)) if b.name == "H" else b for b in prog.buffers))
     assert np.isnan(compile_program(partial).run({"A": x})["H"][2]).all()
+
+
+@pytest.mark.parametrize("spec", ["host,-avx512f", "haswell"])
+def test_an_avx2_target_runs_the_same_program_with_ymm_fmas_only(spec):
+    options = CompileOptions(target=Target.parse(spec))
+    kernel = compile_program(packed_matmul(8, 64, 9, rows=4), options)
+    a, b, c = rand(8, 9), rand(9, 64), np.empty((8, 64), np.float32)
+    kernel(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    assert re.search(r"vfmadd\w*ps\s+[^\n]*ymm", kernel.asm())
+    assert "zmm" not in kernel.asm()
+    assert kernel.info["target"] == spec and kernel.info["vector_bits"] == 256
+
+
+def test_targets_say_their_vector_registers():
+    haswell = Target.parse("haswell")
+    assert (haswell.vector_bits, haswell.vector_registers, haswell.has_fma) == (256, 16, True)
+    assert Target.parse("HOST, -avx512f") == Target.parse("host,-avx512f")
+    assert Target.parse("host,-avx512f").key != Target.host().key
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nosuchcpu", "LLVM knows no x86 CPU of that name"),
+    ("host,avx2", "is not a feature change"),
+    ("host,-nosuchfeature", "not an x86 feature LLVM knows"),
+    ("-avx2", "start with a CPU name"),
+])
+def test_a_target_llvm_does_not_know_is_refused_in_one_line(spec, message):
+    with pytest.raises(TargetError, match=message) as err:
+        Target.parse(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_a_target_this_cpu_cannot_run_is_refused_before_compiling(monkeypatch):
+    from eqsched.backend import target as target_module
+    no_avx512 = {**target_module._host_feature_map(), "avx512f": False}
+    monkeypatch.setattr(target_module, "_host_feature_map", lambda: no_avx512)
+    with pytest.raises(TargetError, match="needs avx512f, which this CPU"):
+        compile_program(packed_matmul(8, 64, 9, rows=4),
+                        CompileOptions(target=Target.parse("skylake-avx512")))

@@ -1,4 +1,4 @@
-"""compile_program: lower, optimize, JIT; cached per (program, options, CPU) in this process.
+"""compile_program: lower, optimize, JIT; cached per (program, options) in this process.
 
 See docs/ARCHITECTURE.md §7 Backend and target.
 """
@@ -22,10 +22,10 @@ _cache_lock = threading.Lock()
 
 
 def compile_program(prog: Program, options: CompileOptions | None = None) -> Kernel:
-    """Compile `prog` for this CPU; compiling the same program with the same options is free."""
+    """Compile `prog` for `options.target`; compiling it again with the same options is free."""
     options = options or CompileOptions()
-    cpu = host()
-    key = (prog.hash(), options, cpu["cpu_name"], cpu["cpu_features"])
+    options.target.check_runs_here()
+    key = (prog.hash(), options)
     with _cache_lock:
         if key in _cache:
             return _cache[key]
@@ -36,7 +36,7 @@ def compile_program(prog: Program, options: CompileOptions | None = None) -> Ker
 
 def _compile(prog: Program, options: CompileOptions) -> Kernel:
     start = time.perf_counter()
-    tm = target_machine(options.opt_level)
+    tm = target_machine(options.opt_level, options.target)
     module, segments = lower(prog, host()["triple"], str(tm.target_data))
     try:
         llvm_module = llvm.parse_assembly(str(module))
@@ -47,7 +47,8 @@ def _compile(prog: Program, options: CompileOptions) -> Kernel:
         raise BackendError(f"LLVM rejected the code for {prog.name}: {first}") from err
     optimize(llvm_module, options)
     optimized_ir = str(llvm_module)
-    engine = llvm.create_mcjit_compiler(llvm_module, create_target_machine(options.opt_level))
+    machine = create_target_machine(options.opt_level, options.target)
+    engine = llvm.create_mcjit_compiler(llvm_module, machine)
     engine.finalize_object()
     info = describe(options)
     info["segments"] = len(segments)

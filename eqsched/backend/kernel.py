@@ -127,4 +127,4 @@ class Kernel:
     def asm(self) -> str:
         """The machine code as assembly text (from the optimized IR)."""
         module = llvm.parse_assembly(self._optimized_ir)
-        return target_machine(self.options.opt_level).emit_assembly(module)
+        return target_machine(self.options.opt_level, self.options.target).emit_assembly(module)
