@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import llvmlite
 import llvmlite.binding as llvm
 
 from ..ir import Program
@@ -15,7 +16,7 @@ from .errors import BackendError
 from .kernel import Kernel
 from .lower import lower
 from .options import CompileOptions
-from .target import create_target_machine, describe, host, optimize, target_machine
+from .target import create_target_machine, host, target_machine
 
 _cache: dict[tuple[object, ...], Kernel] = {}
 _cache_lock = threading.Lock()
@@ -54,3 +55,29 @@ def _compile(prog: Program, options: CompileOptions) -> Kernel:
     info["segments"] = len(segments)
     info["compile_seconds"] = round(time.perf_counter() - start, 4)
     return Kernel(prog, engine, segments, optimized_ir, options, info)
+
+
+def optimize(module: llvm.ModuleRef, options: CompileOptions) -> None:
+    """Run LLVM's default O<n> pipeline with the vectorizers/unroller set as `options` say."""
+    tm = target_machine(options.opt_level, options.target)
+    pto = llvm.create_pipeline_tuning_options(speed_level=options.opt_level)
+    pto.loop_vectorization = options.loop_vectorize
+    pto.slp_vectorization = options.slp_vectorize
+    pto.loop_unrolling = options.loop_unroll
+    pto.loop_interleaving = options.loop_unroll
+    builder = llvm.create_pass_builder(tm, pto)
+    builder.getModulePassManager().run(module, builder)
+
+
+def describe(options: CompileOptions) -> dict[str, object]:
+    """Everything about the compiler and CPU a timing depends on."""
+    return {
+        "llvm_version": ".".join(map(str, llvm.llvm_version_info)),
+        "llvmlite_version": llvmlite.__version__,
+        **options.target.describe(),
+        "opt_level": options.opt_level,
+        "loop_vectorize": options.loop_vectorize,
+        "slp_vectorize": options.slp_vectorize,
+        "loop_unroll": options.loop_unroll,
+        "threads": options.thread_count,
+    }

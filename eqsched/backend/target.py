@@ -1,4 +1,4 @@
-"""Compilation targets: an LLVM CPU and feature changes, and the pipeline run on generated modules.
+"""Compilation targets: an LLVM CPU and feature changes, and the target machines made for them.
 
     Target.parse("host")             # this machine, every feature it has (the default)
     Target.parse("host,-avx512f")    # this machine with AVX-512 switched off
@@ -21,15 +21,10 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import llvmlite
 import llvmlite.binding as llvm
 
 from .errors import BackendError
-
-if TYPE_CHECKING:
-    from .options import CompileOptions
 
 HOST = "host"
 # The instruction-set features that decide code generation for float loops, widest first.
@@ -233,32 +228,6 @@ def create_target_machine(opt_level: int, target: Target | None = None) -> llvm.
 def target_machine(opt_level: int, target: Target | None = None) -> llvm.TargetMachine:
     """The shared target machine for optimization and assembly printing."""
     return create_target_machine(opt_level, target)
-
-
-def optimize(module: llvm.ModuleRef, options: CompileOptions) -> None:
-    """Run LLVM's default O<n> pipeline with the vectorizers/unroller set as `options` say."""
-    tm = target_machine(options.opt_level, options.target)
-    pto = llvm.create_pipeline_tuning_options(speed_level=options.opt_level)
-    pto.loop_vectorization = options.loop_vectorize
-    pto.slp_vectorization = options.slp_vectorize
-    pto.loop_unrolling = options.loop_unroll
-    pto.loop_interleaving = options.loop_unroll
-    builder = llvm.create_pass_builder(tm, pto)
-    builder.getModulePassManager().run(module, builder)
-
-
-def describe(options: CompileOptions) -> dict[str, object]:
-    """Everything about the compiler and CPU a timing depends on."""
-    return {
-        "llvm_version": ".".join(map(str, llvm.llvm_version_info)),
-        "llvmlite_version": llvmlite.__version__,
-        **options.target.describe(),
-        "opt_level": options.opt_level,
-        "loop_vectorize": options.loop_vectorize,
-        "slp_vectorize": options.slp_vectorize,
-        "loop_unroll": options.loop_unroll,
-        "threads": options.thread_count,
-    }
 
 
 if __name__ == "__main__":
