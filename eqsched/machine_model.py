@@ -1,9 +1,9 @@
 """The machine model: every hardware number the analytic cost model uses, for one target on this
 machine, measured by a short calibration and cached on disk.
 
-    model = machine_model()                                 # the host: from the cache, else measured
-    model = machine_model(Target.parse("host,-avx512f"))    # AVX2 code on this machine
-    model = calibrate(Target.host())                        # measure again (about a second)
+    model = machine_model()                               # the host: cached, else measured
+    model = machine_model(Target.parse("host,-avx512f"))  # AVX2 code on this machine
+    model = recalibrate(Target.host())                    # measure again, replace the cache
     model.fma_per_cycle, model.fill_cycles("DRAM", threads=2), model.peak_gflops
 
 What follows from the target and the OS is read: float32 lanes and vector registers from the
