@@ -17,7 +17,9 @@ compiled by the backend's LLVM for the target:
     fma_latency       a chain of dependent vector FMAs
     loads/stores      volatile vector loads and stores to an L1-resident buffer, full and half width
     bandwidth         a streaming read of a buffer sized inside each level (L1d, L2, L3) and of
-                      one four times the L3 (DRAM); on one core and on all usable cores at once
+                      one four times the L3 (DRAM), on one core; a level shared between cores
+                      (sysfs) and DRAM also on all usable cores at once (a private level
+                      scales with the cores)
     strided_fill      the cost of a line fetched a part at a time, 4 KiB apart, from the L3,
                       over the streamed line's (no prefetcher follows such a walk)
 
@@ -234,6 +236,21 @@ def recalibrate(target: Target | None = None) -> MachineModel:
 
 
 # ---- static facts -------------------------------------------------------------------------
+
+
+def shared_levels() -> set[str]:
+    """Cache levels core 0 shares with another CPU (sysfs shared_cpu_list), by name: L2, L3."""
+    out = set()
+    for index in sorted(_CACHE_ROOT.glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            cpus = (index / "shared_cpu_list").read_text().strip()
+        except OSError:
+            continue
+        if cpus not in ("0", "") and kind != "Instruction":
+            out.add(f"L{level}d" if kind == "Data" else f"L{level}")
+    return out
 
 
 def l1_geometry() -> tuple[int, int, int]:
@@ -524,6 +541,7 @@ class _Streams:
                  repeats: int):
         self.kernels, self.line, self.seconds, self.repeats = kernels, line, seconds, repeats
         self.cores = len(os.sched_getaffinity(0))
+        self.shared = shared_levels() | {"DRAM"}
         self.vector_bytes = kernels.lanes * 4
         self.group_bytes = self.vector_bytes * _STREAM_UNROLL
         # Inside each level and well past the one above; DRAM: four L3s, so nothing is cached.
@@ -539,8 +557,10 @@ class _Streams:
             buffers = [_Buffer(size) for _ in range(self.cores)] if level != "DRAM" else \
                 [_Buffer(size)]
             one[level] = self._one(level, buffers[0])
-            every[level] = max(one[level], self._all(level, buffers)) if self.cores > 1 \
-                else one[level]
+            if level in self.shared and self.cores > 1:
+                every[level] = max(one[level], self._all(level, buffers))
+            else:
+                every[level] = one[level] * self.cores
             del buffers
         for upper, lower in zip(LEVELS, LEVELS[1:], strict=False):
             # A level is never faster than the one above it: a noisy figure cannot say so.
