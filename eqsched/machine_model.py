@@ -60,7 +60,7 @@ import numpy as np
 from .backend.target import Target, create_target_machine, host
 from .machine import cache_sizes, facts
 
-CALIBRATION_VERSION = 1  # bump when a kernel or a field changes: older cache files are redone
+CALIBRATION_VERSION = 2  # bump when a kernel or a field changes: older cache files are redone
 LEVELS = ("L1d", "L2", "L3", "DRAM")
 PORTS = ("compute", "loads", "stores")
 # Used only where sysfs says nothing: the smallest caches of a current x86 core.
@@ -558,7 +558,9 @@ class _Streams:
                 [_Buffer(size)]
             one[level] = self._one(level, buffers[0])
             if level in self.shared and self.cores > 1:
-                every[level] = max(one[level], self._all(level, buffers))
+                # Together the cores get at least what one gets and at most each one's own.
+                every[level] = min(max(one[level], self._all(level, buffers)),
+                                   one[level] * self.cores)
             else:
                 every[level] = one[level] * self.cores
             del buffers
