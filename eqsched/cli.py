@@ -2,7 +2,7 @@
 
     eqsched workloads [--json]
     eqsched run matmul --size 512,512,512 --schedule examples/schedules/matmul-512.json
-    eqsched machine [--json]
+    eqsched machine [--calibrate] [--target host,-avx512f] [--json]
     eqsched space matmul --size 64,64,64 --sample 3 [--rules a,-b] [--limits seconds=10] [--json]
     eqsched explore matmul --size 512,512,512 --trials 64 [--db eqsched.db] [--seed 0] [--json]
     eqsched batch suite.toml [--jobs 2] [--db eqsched.db] [--executor ray]
@@ -27,10 +27,11 @@ from typing import Any, NoReturn
 
 from . import machine
 from .args import CliError, parse_limits, parse_size
-from .backend import BackendError
+from .backend import BackendError, Target
 from .egraph.dot import write_dot
 from .egraph.space import Space, SpaceError, rule_contributions
 from .ir import LoopKind, Program, naive_program
+from .machine_model import CalibrationError, cache_path, machine_model, recalibrate
 from .runner import DEFAULT_TIMEOUT_S, Measurement, measure
 from .schedule import Schedule, ScheduleError, load_trace
 from .te import WorkloadError
@@ -75,7 +76,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="print one JSON object on stdout (progress goes to stderr)")
     run.add_argument("--no-print", action="store_true", help="do not print the program")
 
-    mach = sub.add_parser("machine", help="this machine's facts and measured FMA peak")
+    mach = sub.add_parser("machine", help="this machine's facts, measured FMA peak and the "
+                                          "cost model's machine model of a target")
+    mach.add_argument("--calibrate", action="store_true",
+                      help="measure the machine model again (a few seconds) and cache it")
+    mach.add_argument("--target", default="host",
+                      help="the target whose machine model to show: 'host' (default), "
+                           "'host,-avx512f', an LLVM CPU such as 'haswell'")
     mach.add_argument("--json", action="store_true", help="print a JSON object")
 
     space = sub.add_parser("space", help="saturate a workload's schedule e-graph; count, sample")
@@ -246,14 +253,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_machine(args: argparse.Namespace) -> int:
-    facts = machine.describe()
+    target = Target.parse(args.target)
+    if args.calibrate:
+        print(f"eqsched: calibrating {target} ...", file=sys.stderr)
+        model = recalibrate(target)
+    else:
+        model = machine_model(target)
     if args.json:
-        print(json.dumps(facts))
+        print(json.dumps({**machine.describe(), "machine_model": model.to_json(),
+                          "machine_model_file": str(cache_path(target))}))
         return 0
-    for key, value in facts.items():
-        if key == "llvm_cpu_features":
-            value = " ".join(f for f in str(value).split(",") if f.startswith("+"))
-        print(f"{key}: {value}")
+    if not args.calibrate:
+        for key, value in machine.describe().items():
+            if key == "llvm_cpu_features":
+                value = " ".join(f for f in str(value).split(",") if f.startswith("+"))
+            print(f"{key}: {value}")
+        print()
+    print(f"machine model ({cache_path(target)}):")
+    for line in model.describe():
+        print(f"  {line}")
     return 0
 
 
@@ -440,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args) if args.command in COMMANDS else args.run(args)
-    except (CliError, WorkloadError, ScheduleError, BackendError, SpaceError) as err:
+    except (CliError, WorkloadError, ScheduleError, BackendError, SpaceError,
+            CalibrationError) as err:
         message = str(err).strip().splitlines()
         print(f"eqsched: error: {message[0] if message else type(err).__name__}", file=sys.stderr)
     except KeyboardInterrupt:

@@ -136,7 +136,8 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     say = progress or (lambda event, data: None)
     database = db if isinstance(db, Database) else Database(db)
     try:
-        model = cost_model_for(cost_model, settings.options().thread_count)
+        options = settings.options()
+        model = cost_model_for(cost_model, options.thread_count, options.target)
         chosen_rules = resolve(rules)
     except Exception:
         if not isinstance(db, Database):

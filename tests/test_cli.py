@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import eqsched
+from eqsched.backend import Target
 from eqsched.ir import naive_program
 from eqsched.schedule import Schedule, save_trace
 from eqsched.workloads import get_workload
@@ -131,6 +132,20 @@ def test_usage_mistakes_are_one_line_errors_too():
 def test_machine_reports_the_measured_peak():
     facts = json.loads(eqsched_cmd("machine", "--json").stdout)
     assert facts["peak_gflops_per_core"] > 0 and facts["cores"] >= 1
+    assert facts["machine_model"]["target"] == "host"
+
+
+def test_machine_calibrate_measures_the_target_again_into_the_cache(tmp_path):
+    if "avx2" not in Target.host().isa:
+        pytest.skip("no AVX2 on this CPU")
+    env = {**ENV, "EQSCHED_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "eqsched", "machine", "--calibrate", "--target",
+                           "host,-avx512f"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "8 float32 lanes, 16 registers" in proc.stdout and "DRAM" in proc.stdout
+    assert [p.name.startswith("machine-host_-avx512f-") for p in tmp_path.iterdir()] == [True]
+    assert_one_line_error(eqsched_cmd("machine", "--target", "host,-nosuchfeature"),
+                          "nosuchfeature")
 
 
 def test_every_package_of_the_checkout_is_installed_by_pyproject():
