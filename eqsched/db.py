@@ -60,6 +60,13 @@ _SCHEMA = (
     "CREATE UNIQUE INDEX measurements_once ON measurements (key, program_hash, machine_fp)",
 )
 _TABLES = ("meta", "measurements", "runs")
+# Values computed from a measurement's program (a learned model's inputs), under a key that names
+# how they were computed. A cache, not data: added to a database of schema version 1 when it is
+# opened for writing, absent from read-only ones that predate it, never exported. Older eqsched
+# ignore the table, so the schema version stays 1.
+_DERIVED_SCHEMA = """CREATE TABLE IF NOT EXISTS derived (
+    measurement_id INTEGER NOT NULL REFERENCES measurements (id), key TEXT NOT NULL,
+    value TEXT NOT NULL, PRIMARY KEY (measurement_id, key))"""
 
 _RUN_COLUMNS = ("workload", "size", "key", "seed", "budget", "rules", "cost_model", "machine",
                 "versions", "config", "started_at", "finished_at", "status", "summary")
@@ -158,6 +165,7 @@ class Database:
             self._check_schema()
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute(_DERIVED_SCHEMA)
         except (sqlite3.Error, UnicodeDecodeError) as e:
             self._conn.close()
             raise DatabaseError(f"{self.path}: cannot open it ({e})") from None
@@ -439,6 +447,31 @@ class Database:
         values["correct"] = _optional(bool, values["correct"])
         return Record(workload=workload, size=size, **values)
 
+    # ---- derived values --------------------------------------------------------------------
+
+    def derived(self, key: str, ids: Sequence[int]) -> dict[int, list[float]]:
+        """The values stored under `key` for the measurements `ids` (those that have them)."""
+        if "derived" not in self._tables():
+            return {}
+        out: dict[int, list[float]] = {}
+        with self._sql("reading derived values") as conn:
+            for start in range(0, len(ids), 500):  # SQLite limits the parameters of a query
+                chunk = [operator.index(i) for i in ids[start:start + 500]]
+                rows = conn.execute(
+                    f"SELECT measurement_id, value FROM derived WHERE key = ? AND measurement_id "
+                    f"IN ({', '.join('?' * len(chunk))})", [key, *chunk]).fetchall()
+                out.update((row[0], json.loads(row[1])) for row in rows)
+        return out
+
+    def store_derived(self, key: str, values: dict[int, list[float]]) -> None:
+        """Keep `values` (measurement id -> numbers) under `key`, replacing what was there."""
+        self._writable()
+        rows = [(operator.index(i), key, _json([float(v) for v in vs], "derived value"))
+                for i, vs in values.items()]
+        with self._sql("store_derived"), self._transaction():
+            self._conn.executemany("INSERT OR REPLACE INTO derived (measurement_id, key, value) "
+                                   "VALUES (?, ?, ?)", rows)
+
     # ---- JSON lines ------------------------------------------------------------------------
 
     def export_jsonl(self, path: str | os.PathLike) -> int:
@@ -563,5 +596,56 @@ def _check_fields(obj: dict, fields: dict[str, tuple[type, ...]], path: Path,
         raise DatabaseError(f"{where}: {e}") from None
 
 
+@dataclass(frozen=True)
+class TrainingRow:
+    """One correct measurement, as a cost model learns from it: `trace` replayed on the naive
+    program of `workload` at `size` gives the measured program."""
+
+    id: int  # the measurement's row id (the key of its derived values)
+    workload: str
+    size: tuple[int, ...]
+    program_hash: str  # as stored: trials.measurement_key, "/threads=N" for parallel programs
+    trace: list[dict]
+    median_s: float
+
+    @property
+    def key(self) -> str:
+        return workload_key(self.workload, self.size)
+
+
+def training_rows(db: Database, machine_key: str | None = None, *, threads: int | None = None,
+                  workloads: Sequence[str] | None = None) -> list[TrainingRow]:
+    """Every correct timed measurement of one machine, of every run and workload, oldest first.
+    `machine_key`: a `machine_fingerprint` (CPU model, LLVM's CPU name and features, cores;
+    default: the database's machine), so timings of two machines never mix. `threads`: leave out
+    parallel programs timed with another thread count (a program without parallel loops runs the
+    same on any). `workloads`: only these. (A measurement's target joins this filter when
+    records carry one.)"""
+    clauses = ["machine_fp = ?", "correct = 1", "error IS NULL", "median_s > 0"]
+    params: list[Any] = [machine_key or db.machine_fp]
+    with db._sql("reading training rows") as conn:
+        found = conn.execute(f"SELECT id, key, program_hash, trace, median_s FROM measurements "
+                             f"WHERE {' AND '.join(clauses)} ORDER BY id", params).fetchall()
+    wanted = None if workloads is None else set(workloads)
+    rows = []
+    for row in found:
+        workload, size = _split_key(row["key"])
+        if wanted is not None and workload not in wanted:
+            continue
+        timed_with = _threads_of(row["program_hash"])
+        if threads is not None and timed_with is not None and timed_with != threads:
+            continue
+        trace = db._decode([row], lambda r: json.loads(r["trace"]))[0]
+        rows.append(TrainingRow(row["id"], workload, tuple(size), row["program_hash"], trace,
+                                float(row["median_s"])))
+    return rows
+
+
+def _threads_of(program_hash: str) -> int | None:
+    """The thread count in a stored program hash (`trials.measurement_key`), None without."""
+    _, sep, count = program_hash.partition("/threads=")
+    return int(count) if sep and count.isdigit() else None
+
+
 __all__ = ["Database", "DatabaseError", "Record", "RUN_STATUSES", "SCHEMA_VERSION",
-           "machine_fingerprint", "workload_key"]
+           "TrainingRow", "machine_fingerprint", "training_rows", "workload_key"]

@@ -8,7 +8,9 @@ candidate is looked up in the database first (same workload, program and machine
 measurement is used, nothing is run) and otherwise measured in a worker process, checked against
 the numpy reference before it is timed, and stored at once (`eqsched.trials`: the settings, the
 measurement key, measuring or looking up one candidate). The cost model then learns from the
-batch and the next round is ranked with it. A candidate looked up counts as a trial like a
+batch and the next round is ranked with it. The learned model starts from every measurement the
+database holds of this machine (all runs and workloads, `LearnedModel.add_history`), so a run
+ranks its first round with what earlier runs taught. A candidate looked up counts as a trial like a
 measured one, so re-running the same exploration (same seed, same database) walks the same path
 and measures nothing new; an interrupted run resumes where it stopped.
 
@@ -39,6 +41,7 @@ from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
 from .extract import Candidate, CostModel, EvolutionarySearch, cost_model_for
 from .extract.cost import kendall, spearman
+from .extract.learned import LearnedModel
 from .ir import Program, naive_program
 from .trials import Measurer, Settings, TimingGate, Trial, has_parallel_loops
 from .workloads import get_workload
@@ -139,6 +142,9 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         options = settings.options()
         model = cost_model_for(cost_model, options.thread_count, options.target)
         chosen_rules = resolve(rules)
+        if isinstance(model, LearnedModel):
+            say("learning", {"stored": model.add_history(
+                database, threads=settings.options().thread_count)})
     except Exception:
         if not isinstance(db, Database):
             database.close()
