@@ -252,7 +252,8 @@ class LearnedModel(CostModel):
         self._trees: lightgbm.Booster | None = None
         self._slope = _SLOPE_CAP
         self._anchors: dict[str, float] = {}
-        self.validation: dict[str, float | int | None] = {}
+        self._validation: dict[str, float | int | None] = {}
+        self._stale = False  # examples changed since the last fit: refit before the next use
 
     @property
     def samples(self) -> int:
@@ -262,9 +263,20 @@ class LearnedModel(CostModel):
     @property
     def fitted(self) -> bool:
         """Whether predictions come from the trees (else from the prior)."""
+        self._refresh()
         return self._trees is not None
 
+    @property
+    def validation(self) -> dict[str, float | int | None]:
+        """The last fit's check: held-out mean Spearman of the trees ("learned") and of the prior
+        ("prior") over all problems ("groups" of them, "held_out" programs) and over the
+        current run's ("learned_current", "prior_current": None without held-out programs);
+        empty below min_samples."""
+        self._refresh()
+        return dict(self._validation)
+
     def predict(self, programs: Sequence[Program]) -> np.ndarray:
+        self._refresh()
         if self._trees is None:
             if self.prior is None:
                 return np.ones(len(programs))
@@ -272,6 +284,13 @@ class LearnedModel(CostModel):
         scores = self._trees.predict(inputs(programs, self.prior))
         anchors = np.array([self._anchor(p) for p in programs])
         return np.exp(anchors + self._slope * scores)
+
+    def rank_keys(self, x: np.ndarray) -> np.ndarray:
+        """A ranking key of `inputs` rows, lower is faster, comparable within one problem: the
+        trees' negated score, or the prior's log prediction where the trees are not used."""
+        x = np.asarray(x, dtype=float).reshape(-1, len(FEATURE_NAMES) + 1)
+        self._refresh()
+        return x[:, -1].copy() if self._trees is None else -self._trees.predict(x)
 
     def _anchor(self, prog: Program) -> float:
         # a in log(seconds) = a + b * score: the naive program gets the prior's prediction.
@@ -297,7 +316,7 @@ class LearnedModel(CostModel):
             self._current.add(group)
             self._examples[(group, prog.hash())] = Example(group, prog.hash(), row,
                                                            float(np.log(s)))
-        self._refit()
+        self._stale = True
 
     def add_history(self, db: Database, threads: int | None = None) -> int:
         """Learn from this machine's stored measurements in `db` (those of parallel programs
@@ -305,18 +324,22 @@ class LearnedModel(CostModel):
         found, _ = history(db, self.prior, threads=threads)
         return self.add_examples([example for _, example in found])
 
-    def add_examples(self, examples: Sequence[Example]) -> int:
-        """Learn from measurements of other runs (their inputs computed with this model's
-        prior); a program the model already has keeps its newer time. Returns how many it
-        added."""
+    def add_examples(self, examples: Sequence[Example], *, current: bool = False) -> int:
+        """Learn from measured programs given as inputs (computed with this model's prior): other
+        runs' by default, where a program the model already has keeps its time; `current`: the
+        run's own (their problems are the ones the check guards, as for `update`). Returns how
+        many programs are new."""
         before = self.samples
         for e in examples:
             if len(e.x) != len(FEATURE_NAMES) + 1:
                 raise CostModelError(f"example {e.key} has {len(e.x)} inputs, expected "
                                      f"{len(FEATURE_NAMES) + 1}")
-            self._examples.setdefault((e.group, e.key), e)
-        if self.samples != before:
-            self._refit()
+            if current:
+                self._current.add(e.group)
+                self._examples[(e.group, e.key)] = e
+            else:
+                self._examples.setdefault((e.group, e.key), e)
+        self._stale = True
         return self.samples - before
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
@@ -325,8 +348,13 @@ class LearnedModel(CostModel):
         return (x, np.array([e.log_seconds for e in examples]),
                 np.array([e.group for e in examples]), [e.key for e in examples])
 
+    def _refresh(self) -> None:
+        if self._stale:
+            self._stale = False
+            self._refit()
+
     def _refit(self) -> None:
-        self._trees, self._anchors, self.validation = None, {}, {}
+        self._trees, self._anchors, self._validation = None, {}, {}
         if self.samples < self.min_samples:
             return
         x, y, groups, keys = self._arrays()
@@ -341,7 +369,7 @@ class LearnedModel(CostModel):
         mine = np.isin(groups[held], sorted(self._current))
         learned_now, _ = mean_group_spearman(score[mine], y[held][mine], groups[held][mine])
         prior_now, _ = mean_group_spearman(prior[mine], y[held][mine], groups[held][mine])
-        self.validation = {"learned": learned, "prior": prior_rho, "groups": n,
+        self._validation = {"learned": learned, "prior": prior_rho, "groups": n,
                            "held_out": int(held.sum()), "learned_current": learned_now,
                            "prior_current": prior_now}
         if learned is None or learned <= prior_rho:
@@ -377,7 +405,7 @@ class LearnedModel(CostModel):
         except (TypeError, ValueError):
             raise CostModelError("the saved learned model's data is malformed") from None
         model._current = set(map(str, state.get("current", [])))
-        model._refit()
+        model._stale = True
         return model
 
 
