@@ -8,8 +8,8 @@
   (`get_cost_model(name or object)`), a random baseline, rank correlations.
 - `analytic`: a cycle model of one core (ports, FMA latency, register tiles, cache reuse) whose
   hardware numbers come from the target's calibrated `eqsched.machine_model.MachineModel`.
-- `features` + `learned`: program features and a ridge model on them, fitted online to this
-  run's measurements around the analytic prior (used only when it ranks them better).
+- `features` + `learned`: program features and LightGBM ranking trees on them, trained on this
+  machine's stored measurements and the run's (the analytic prior until they rank better).
 - `search`: an evolutionary search over a walk's choices of e-nodes and tile sizes.
 - `baseline`: egglog's own extractor (smallest term), the yardstick for the search.
 A new cost model is one file: subclass `CostModel`, decorate it with `@register`.

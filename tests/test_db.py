@@ -9,7 +9,14 @@ import sys
 
 import pytest
 
-from eqsched.db import Database, DatabaseError, Record, machine_fingerprint, workload_key
+from eqsched.db import (
+    Database,
+    DatabaseError,
+    Record,
+    machine_fingerprint,
+    training_rows,
+    workload_key,
+)
 
 SIZE = [64, 32, 16]
 TRACE = [{"op": "split", "args": {"loop": "C.i", "factors": [8]}}]
@@ -264,3 +271,36 @@ def test_two_processes_write_to_one_file(tmp_path):
     assert [w.wait(timeout=60) for w in writers] == [0, 0]
     with Database(path, machine_fp="here") as db:
         assert len(db.records("matmul", [4])) == 40
+
+
+def test_training_rows_are_one_machines_correct_timings_at_one_thread_count(tmp_path):
+    with Database(tmp_path / "t.db", machine_fp="here") as db:
+        run = start(db)
+        db.add(record("serial", 2e-3, run_id=run))
+        db.add(record("par/threads=2", 1e-3, run_id=run))
+        db.add(record("par/threads=1", 3e-3, run_id=run))
+        db.add(record("wrong", 1e-3, correct=False, run_id=run))
+        db.add(record("crashed", None, correct=None, error="crash", run_id=run))
+        db.add(record("elsewhere", 1e-3, run_id=run, machine_fp="there"))
+        db.add(dataclasses.replace(record("softmax", 1e-3, run_id=run), workload="softmax",
+                                   size=[4, 4]))
+        hashes = [r.program_hash for r in training_rows(db, threads=2)]
+        assert hashes == ["serial", "par/threads=2", "softmax"]
+        assert [r.program_hash for r in training_rows(db, "there")] == ["elsewhere"]
+        only = training_rows(db, workloads=["softmax"])
+        assert [(r.key, r.median_s) for r in only] == [("softmax/4x4", 1e-3)]
+
+
+def test_derived_values_are_a_cache_old_databases_open_without(tmp_path):
+    path = tmp_path / "old.db"
+    with Database(path) as db:
+        db.add(record("a", run_id=start(db)))
+        db._conn.execute("DROP TABLE derived")  # as written by an eqsched before the cache
+    with Database(path, readonly=True) as db:
+        assert db.derived("k", [1]) == {}
+        with pytest.raises(DatabaseError, match="read-only"):
+            db.store_derived("k", {1: [1.0]})
+    with Database(path) as db:  # opened for writing, it gains the table
+        db.store_derived("k", {1: [1.0, 2.5]})
+        assert db.derived("k", [1, 2]) == {1: [1.0, 2.5]} and db.derived("other", [1]) == {}
+        assert db.export_jsonl(tmp_path / "x.jsonl") == 2  # a run and a measurement, no cache

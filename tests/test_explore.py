@@ -148,3 +148,15 @@ def test_a_run_that_fails_is_marked_failed_and_keeps_its_measurements(tmp_path):
     with Database(db) as d:
         assert d.runs("matmul", SIZE)[0]["status"] == "failed"
         assert len(d.records("matmul", SIZE)) == 8
+
+
+def test_the_learned_model_starts_from_the_databases_measurements(tmp_path):
+    db = tmp_path / "x.db"
+    run(db, trials=4)  # measured with the random model: stored programs of this machine
+    with Database(db) as d:
+        stored = sum(1 for r in d.records() if r.correct)
+    events = []
+    explore("matmul", SIZE, db=db, seed=0, cost_model="learned", settings=FAST, trials=4,
+            batch=4, measure_naive=False, progress=lambda event, data: events.append(
+                (event, data)))
+    assert stored > 0 and ("learning", {"stored": stored}) in events
