@@ -265,6 +265,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--counts", default=",".join(map(str, CURVE_SIZES)),
                    help="training counts of the curves (default 16,32,...,1024)")
     p.add_argument("--draws", type=int, default=3, help="draws of each count (default 3)")
+    p.add_argument("--test-share", type=float, default=CURVE_TEST_SHARE,
+                   help=f"share of each size's programs held out (default {CURVE_TEST_SHARE})")
     p.add_argument("--plot", metavar="FILE", help="also draw the curves into an image file "
                                                   "(needs matplotlib)")
     p.set_defaults(run=_cmd_ranking)
@@ -333,7 +335,8 @@ def _cmd_curves(args: Any) -> int:
     except DatabaseError as err:
         raise CliError(str(err)) from None
     try:
-        curves = learning_curves(rows, workload, counts, draws=args.draws, seed=args.seed)
+        curves = learning_curves(rows, workload, counts, draws=args.draws, seed=args.seed,
+                                 test_share=args.test_share)
     except ValueError as err:
         raise CliError(str(err)) from None
     curves["unreplayable"] = skipped
