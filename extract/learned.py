@@ -11,9 +11,10 @@ highest); every pair of a group counts (no NDCG truncation), so the whole order 
 the fast end weighted most.
 
 Until `min_samples` measurements (MIN_SAMPLES = 64 by default: below it a held-out fifth has
-too few programs per problem to tell a fit from noise, and the learning curves of
-`eqsched experiment ranking --curves` put the trees level with the prior at about that count,
-docs/ARCHITECTURE.md §17.4) the model predicts exactly the prior. From then on, each refit
+too few programs per problem to tell a fit from noise; in the learning curves of
+`eqsched experiment ranking --curves` trees on fewer measurements of a workload ranked its
+held-out programs worse than the prior, docs/ARCHITECTURE.md §17.4) the model predicts exactly
+the prior. From then on, each refit
 first trains on four fifths of the rows (chosen by a hash of each program and the seed) and
 scores the other fifth: the mean over problems of the Spearman correlation of the trees' order
 with the measured order, against the prior's on the same programs. The trees are used only if
