@@ -375,8 +375,8 @@ def _progress_printer(stream: Any) -> Any:
             print(("\r" + line) if live else line, end="" if live else "\n", file=stream,
                   flush=True)
         elif event == "exhausted":
-            print(f"\neqsched: the space has no untried candidate left after "
-                  f"{data['trials']} trials", file=stream)
+            print(f"\neqsched: {data['reason']}; stopped after {data['trials']} trials",
+                  file=stream)
 
     return show
 

@@ -80,6 +80,7 @@ class ExploreResult:
     space: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     interrupted: bool = False
+    stop_reason: str = ""  # why the rounds ended: a budget spent, the space exhausted, Ctrl-C
     run_id: int | None = None
     db_path: str = ""
 
@@ -113,6 +114,7 @@ class ExploreResult:
                         "best_gflops": r.best_gflops, "seconds": r.seconds,
                         "trials": [asdict(t) for t in r.trials]} for r in self.rounds],
             "space": self.space, "wall_s": self.wall_s, "interrupted": self.interrupted,
+            "stop_reason": self.stop_reason,
             "run_id": self.run_id, "db": self.db_path,
         }
 
@@ -237,9 +239,10 @@ class _Exploration:
                 self.result.naive_median_s = self.measurer.naive_median_s()
             self.rounds()
         except KeyboardInterrupt:
-            self.result.interrupted = True
-        except Exception:
-            status = "failed"  # every measurement so far is stored; the run says it did not finish
+            self.result.interrupted, self.result.stop_reason = True, "interrupted"
+        except Exception as err:
+            # Every measurement so far is stored; the run says it did not finish, and why.
+            status, self.result.stop_reason = "failed", f"failed: {type(err).__name__}: {err}"
             raise
         finally:
             self.stop_measuring()
@@ -266,10 +269,22 @@ class _Exploration:
             self.close_round(whole=True)
             finished, self.done = self.done, []
             self.report_round(finished)
-            self.proposed = upcoming
+            # A round searched while the time ran out is not measured: a run overruns its time
+            # budget by the round in flight at most.
+            self.proposed = [] if self.budget.out_of_time() else upcoming
             self.round_index, self.round_started = self.round_index + 1, time.perf_counter()
+        self.result.stop_reason = self.why_stopped()
         if len(self.result.trials) < self.budget.trials and not self.budget.out_of_time():
-            self.say("exhausted", {"trials": len(self.result.trials)})
+            self.say("exhausted", {"trials": len(self.result.trials),
+                                   "reason": self.result.stop_reason})
+
+    def why_stopped(self) -> str:
+        """Why the rounds ended: a budget is spent, or the search has nothing untried left."""
+        if len(self.result.trials) >= self.budget.trials:
+            return f"the trial budget ({self.budget.trials}) is spent"
+        if self.budget.out_of_time():
+            return f"the time budget ({self.budget.seconds:g} s) is spent"
+        return self.search.exhausted
 
     def next_batch(self, planned: int) -> list[tuple[Candidate, float]]:
         """The next round's proposals, with `planned` trials not yet in the result."""
@@ -343,7 +358,8 @@ class _Exploration:
 
 
 _SUMMARY = ("trials", "measured", "best_gflops", "best_median_s", "best_hash", "wall_s",
-            "naive_median_s", "peak_gflops", "percent_of_peak", "speedup_over_naive", "space")
+            "naive_median_s", "peak_gflops", "percent_of_peak", "speedup_over_naive", "space",
+            "stop_reason")
 
 
 def _summary(result: ExploreResult) -> dict[str, Any]:

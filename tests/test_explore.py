@@ -27,6 +27,7 @@ def test_an_exploration_measures_checks_and_stores_every_trial(tmp_path):
     assert len(result.trials) == 8 and result.measured == 8 and len(result.rounds) == 2
     assert result.best is not None and result.best.correct
     assert result.best.median_s == min(t.median_s for t in result.trials if t.correct)
+    assert result.stop_reason == "the trial budget (8) is spent"
     with Database(db) as d:
         records = d.records("matmul", SIZE)
         # Programs with parallel loops are keyed with the thread count they were timed with.
@@ -94,13 +95,49 @@ def test_an_interrupted_run_keeps_its_measurements_and_resumes(tmp_path):
             raise KeyboardInterrupt
 
     cut = run(db, progress=stop_after_first_round)
-    assert cut.interrupted and len(cut.trials) == 4
+    assert cut.interrupted and len(cut.trials) == 4 and cut.stop_reason == "interrupted"
     with Database(db) as d:
         assert len(d.records("matmul", SIZE)) == 4
         assert d.runs("matmul", SIZE)[0]["status"] == "interrupted"
     resumed = run(db)
     assert resumed.measured == 4 and len(resumed.trials) == 8
     assert all(t.cached for t in resumed.trials[:4])
+
+
+def test_a_space_smaller_than_the_budget_ends_early_and_says_so(tmp_path, within):
+    events = []
+    db = tmp_path / "x.db"
+    with within(300):
+        # Inlining and a parallel outer loop split nothing: a space of a few programs.
+        result = explore("elementwise_chain", (31,), trials=64, batch=8, db=db, seed=0,
+                         rules=["inline", "parallel"], cost_model="random", settings=FAST,
+                         measure_naive=False, progress=lambda event, data: events.append(event))
+    programs = result.space["programs"]
+    assert 1 < programs < 64 and len(result.trials) == programs
+    assert len({t.program_hash for t in result.trials}) == programs
+    assert result.stop_reason == f"the space has {programs} programs; all measured"
+    assert events[-1] == "exhausted"
+    with Database(db) as d:
+        (run_row,) = d.runs("elementwise_chain", (31,))
+        assert run_row["status"] == "done"
+        assert run_row["summary"]["stop_reason"] == result.stop_reason
+
+
+def test_a_round_searched_while_the_time_ran_out_is_not_measured(tmp_path, monkeypatch):
+    import eqsched.explore as explore_module
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)  # round 1 is searched while 0 is measured
+    rounds_done = []
+
+    def count_rounds(event, data):
+        if event == "round":
+            rounds_done.append(data["round"])
+
+    # The clock runs out as round 0 ends, after round 1 was searched.
+    monkeypatch.setattr(explore_module._Budget, "out_of_time", lambda budget: bool(rounds_done))
+    result = run(tmp_path / "x.db", seconds=3600, progress=count_rounds)
+    assert [len(r.trials) for r in result.rounds] == [4]
+    assert result.stop_reason == "the time budget (3600 s) is spent"
 
 
 def test_rank_correlation_is_reported_per_round(tmp_path):
