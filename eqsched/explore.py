@@ -19,7 +19,8 @@ candidate is timed (`trials.TimingGate`); the proposals are the same as if it se
 
 Only correct programs can be the best. Wall-clock budgets (`seconds`) end a run early and so make
 it depend on the machine's speed; the trial budget alone keeps it deterministic given the
-database's measurements.
+database's measurements. A run also ends when the search has nothing untried left (a small
+space, all measured); `ExploreResult.stop_reason` says which ended it.
 
 See docs/ARCHITECTURE.md §10 Exploration.
 """

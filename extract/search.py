@@ -21,6 +21,12 @@ converges on a poor sketch of a chain. It stops adding populations once the best
 to take at most `settled_s` (explore: half of one core's peak FLOP rate; by default every island
 runs).
 
+A space no larger than one round of evolution could realize (`whole_space`) is ranked whole
+instead: every program is built once, each round ranks them all, and a round that finds fewer
+than `k` untried says so (`exhausted`: "the space has N programs; all measured"). Every loop of
+a round is bounded whatever the space's size: filling a population ends after `max_attempts`
+draws in a row add nothing new.
+
 `wait_turn`, if given, is called between small units of work (one realization, one batch of
 predictions) and may block: explore stops the search that way while a candidate is timed on
 the other core (a search running beside it skews the timing: docs/ARCHITECTURE.md §17.5).
