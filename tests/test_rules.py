@@ -192,9 +192,16 @@ def test_unrolled_loops_can_hold_the_register_tile(matmul):
     assert unrolled and all(register_tile(body) for body in unrolled)
 
 
-def test_parallel_only_at_the_root_and_never_over_a_reduction(chain):
-    g = Graph(chain)
-    facts = facts_of(chain.naive)
+@pytest.fixture(scope="module")
+def conv():
+    return saturate(naive("conv2d_nchw"), default_rules())
+
+
+@pytest.mark.parametrize("space", ["chain", "conv"])
+def test_parallel_only_at_the_root_and_never_over_a_reduction(space, request):
+    sat = request.getfixturevalue(space)
+    g = Graph(sat)
+    facts = facts_of(sat.naive)
     parents = {}
     for members in g.nodes.values():
         for op, _, kids in members:
@@ -207,6 +214,18 @@ def test_parallel_only_at_the_root_and_never_over_a_reduction(chain):
         assert parents[cls] == {"Root.rcons"}
         body = next(kids[0] for op, lit, kids in g.nodes[cls] if lit[2] == "parallel")
         assert not any(group in facts.reduce_groups[b] for b in g.reach(body)[0])
+
+
+def test_a_batch_of_one_shares_the_loop_below_it_among_threads(conv):
+    # The batch loop (extent 1) stays at the root of every nest; a loop from under it runs in
+    # parallel around it, else a one-image convolution would have nothing to share.
+    g = Graph(conv)
+    facts = facts_of(conv.naive)
+    batch = facts.group("Y.update", "n")
+    assert facts.extents[batch] == 1
+    shared = {group for group, _, kind, body in g.loops() if kind == "parallel"
+              and (batch, "") in g.reach(body)[1]}
+    assert {facts.group("Y.update", axis) for axis in ("k", "p", "q")} <= shared
 
 
 # ---- fuse ----------------------------------------------------------------------------------
