@@ -1,6 +1,7 @@
 """The LLVM backend runs every node and loop kind correctly, and refuses what it cannot compile."""
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -289,6 +290,27 @@ def test_parallel_root_loops_give_the_serial_result():
         kernel(a, b, out)
         np.testing.assert_array_equal(out, expected)
         assert kernel.info["threads"] == threads and kernel.info["segments"] == 2
+
+
+def test_parallel_kernels_called_from_several_threads_take_turns_with_the_helpers():
+    serial = naive_program(matmul(13, 10, 7))
+    parallel = serial.with_body(tuple(replace(lp, kind=P) for lp in serial.body))
+    kernel = compile_program(parallel, CompileOptions(threads=3))
+    inputs = [(rand(13, 7), rand(7, 10)) for _ in range(4)]
+    expected = [a @ b for a, b in inputs]
+
+    def many_calls(index: int) -> bool:
+        a, b = inputs[index]
+        out = np.empty((13, 10), np.float32)
+        for _ in range(50):
+            out.fill(np.nan)
+            kernel(a, b, out)
+            if not np.allclose(out, expected[index], rtol=1e-5, atol=1e-5):
+                return False
+        return True
+
+    with ThreadPoolExecutor(4) as callers:
+        assert all(callers.map(many_calls, range(4)))
 
 
 def test_consecutive_serial_root_nests_share_one_function():
