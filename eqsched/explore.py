@@ -51,7 +51,8 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
     from .rules import Spec as RuleSpec
 
 DEFAULT_DB = "eqsched.db"
-__all__ = ["DEFAULT_DB", "ExploreResult", "Progress", "Round", "Settings", "Trial", "explore"]
+__all__ = ["DEFAULT_DB", "ExploreResult", "Progress", "Round", "Settings", "Trial", "explore",
+           "search_beside_measuring"]
 
 
 @dataclass
@@ -207,6 +208,15 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
         settled_s=space.naive.computation.flops / (0.5 * peak_gflops_per_core * 1e9))
 
 
+def search_beside_measuring(jobs: int, threads: int) -> bool:
+    """Whether a round is searched while the last one is measured: only when `jobs` measuring
+    at once, each on up to `threads` cores, leave a core free. The search waits while a
+    candidate is timed, but a unit of its work begun before may run into the timing; on the
+    only free core that is harmless, on one of a parallel program's cores it stalls a chunk,
+    and the whole call waits for it (a two-thread conv2d timed slower than one thread)."""
+    return jobs * threads < (os.cpu_count() or 1)
+
+
 class _Exploration:
     """One run of `explore`: its search, measurer and result, and what it learned so far."""
 
@@ -224,7 +234,7 @@ class _Exploration:
         # While a round is measured (in worker processes) the next one is searched, so round
         # r + 1 is ranked with what rounds up to r - 1 taught the model. The search waits instead
         # when every core already measures; the proposals are the same either way.
-        self.overlap = jobs < (os.cpu_count() or 1)
+        self.overlap = search_beside_measuring(jobs, measurer.settings.options().thread_count)
         self.measuring = ThreadPoolExecutor(1)
         self.stop = threading.Event()
         self.proposed: list[tuple[Candidate, float]] = []  # the round being measured

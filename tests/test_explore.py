@@ -5,7 +5,7 @@ import json
 import pytest
 
 from eqsched.db import Database
-from eqsched.explore import Settings, explore
+from eqsched.explore import Settings, explore, search_beside_measuring
 from eqsched.ir import naive_program
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
@@ -66,6 +66,13 @@ def test_searching_while_measuring_proposes_what_searching_after_would(tmp_path,
     waited = run(db, trials=12)
     assert waited.measured == 0
     assert [t.program_hash for t in waited.trials] == [t.program_hash for t in overlapped.trials]
+
+
+def test_the_search_runs_beside_measurements_only_on_a_core_they_leave_free(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert search_beside_measuring(jobs=1, threads=1)
+    assert not search_beside_measuring(jobs=1, threads=2)  # a parallel program takes both
+    assert not search_beside_measuring(jobs=2, threads=1)
 
 
 def test_an_interrupt_in_the_middle_of_a_round_keeps_its_finished_trials(tmp_path, monkeypatch):
