@@ -13,7 +13,8 @@ after the other). Per block, in cycles of the machine model's reference clock:
     compute  = vector ops x cycles per op        FMA throughput at the op's width (full or half)
     loads    = loads x cycles per load           contiguous vector loads, broadcasts, gathers
                                                  (a scalar load per lane)
-    stores   = stores x cycles per store
+    stores   = stores x cycles per store         contiguous vector stores, scatters (a scalar
+                                                 store per lane)
     issue    = instructions / issue width        loop bookkeeping included; a body too big for
                                                  the L1i issues at LEGACY_DECODE_SHARE of it
     latency  = updates per accumulator * FMA latency, when the accumulator is carried through the
@@ -299,6 +300,12 @@ class _BlockCoster:
         else:
             self._value(blk.value)
         latency = spills = 0.0
+        # A vector store whose lanes are not contiguous is a scatter: a scalar store per lane
+        # (and, for an accumulation, a gather before it).
+        lane_stride = dict(store.strides).get(self.vec, 0) if self.vec is not None else 0
+        scattered = lane_stride not in (0, 1)
+        per_lane = {port: self.lanes * self.machine.op_cycles(port, 1) if scattered else 0
+                    for port in ("loads", "stores")}
         if blk.reduce is not None:
             self._op("compute", OP_COST["max" if blk.reduce == "max" else "+"], everywhere)
             chains = math.prod(lp.extent for d, lp in enumerate(self.loops)
@@ -309,19 +316,21 @@ class _BlockCoster:
             live = any(d > self.innermost and d not in deps and lp.kind == LoopKind.UNROLL
                        for d, lp in enumerate(self.loops))
             if store.buffer not in self.registers:  # promoted out of the loops it is invariant in
-                self._op("loads", 1, deps)
-                self._op("stores", 1, deps)
-                if self.innermost in deps:  # updated in memory, reloaded after its store
-                    latency = self._count(deps) * RMW_CYCLES
-            if self.innermost >= 0 and self.innermost not in deps:  # carried through the loop
-                latency = self._count(everywhere) / chains * self.machine.fma_latency
+                # ... unless scattered: LICM promotes no gather or scatter, so it runs per point
+                placed = everywhere if scattered else deps
+                self._op("loads", 1, placed, per_lane["loads"])
+                self._op("stores", 1, placed, per_lane["stores"])
+                if self.innermost in placed:  # updated in memory, reloaded after its store
+                    latency = self._count(placed) * RMW_CYCLES
+            if self.innermost >= 0 and self.innermost not in deps and not scattered:
+                latency = self._count(everywhere) / chains * self.machine.fma_latency  # carried
                 live = True
             excess = chains * self._registers(deps) + 1 - self.machine.vector_registers
             if live and excess > 0:
                 once, each = SPILL_CYCLES
                 spills = (once + each * excess) * self._iterations()
         elif store.buffer not in self.registers:
-            self._op("stores", 1, everywhere)
+            self._op("stores", 1, everywhere, per_lane["stores"])
         self.instructions += LOOP_INSTRUCTIONS * self._iterations()
         body = self.instructions / max(self._iterations(), 1)
         width = self.machine.issue_width

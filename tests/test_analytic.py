@@ -18,6 +18,7 @@ from eqsched.ir import naive_program
 from eqsched.machine_model import MachineModel
 from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
+from eqsched.te import Computation, compute, placeholder
 from eqsched.workloads import get_workload, list_workloads
 
 # Plausible figures of no particular CPU: 2 FMAs and 2 loads a cycle, 1 store, caches of 48 KiB,
@@ -78,6 +79,21 @@ def test_a_vectorized_loop_beats_the_same_loop_scalar(model):
     naive = matmul()
     fast, slow = model.predict([row_streaming(naive), row_streaming(naive, vectorize=False)])
     assert fast < slow / 4
+
+
+def test_a_scatter_stores_lane_by_lane(model):
+    """Y[i, j] = X[j, i] vectorized over i: contiguous loads, but a store per lane (a scatter),
+    as many store units as the scalar loop's (a contiguous vector store would take 1/8)."""
+    x = placeholder((256, 256), "X")
+    naive = naive_program(Computation("transpose", [compute((256, 256), lambda i, j: x[j, i],
+                                                            "Y")]))
+    scattered = Schedule(naive)
+    scattered.reorder("Y.j", "Y.i")
+    scattered.split("Y.i", [16, 16])
+    scalar = scattered.fork()
+    scattered.vectorize("Y.i.1")
+    stores = [model.breakdown(p)["stores"] for p in (scattered.program, scalar.program)]
+    assert stores[0] == pytest.approx(stores[1])
 
 
 def test_a_register_tile_beats_accumulating_in_memory(model):

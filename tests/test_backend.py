@@ -338,14 +338,34 @@ def test_vectorizing_a_reduce_axis_of_an_accumulation_is_refused():
         compile_program(bad)
 
 
-def test_vectorized_loop_with_strided_store_is_refused():
+def test_vectorized_loop_with_strided_store_scatters_its_lanes():
     x = te.placeholder((16, 16), "X")
     y = te.compute((16, 16), lambda i, j: x[i, j], "Y")
     prog = retile(naive_program(te.Computation("copy", [y])), "Y",
                   [("Y.j", 16, S, "j", 1), ("Y.i", 16, V, "i", 1)])
-    with pytest.raises(BackendError, match="vectorized loop Y.i needs unit-stride stores.*Y with "
-                                           "stride 16"):
-        compile_program(prog)
+    xs, ys = rand(16, 16), np.full((16, 16), np.nan, np.float32)
+    run(prog, xs, ys)
+    np.testing.assert_array_equal(ys, xs)
+    assert "scatter" in compile_program(prog).llvm_ir()
+
+
+def test_strided_vector_accumulation_gathers_then_scatters():
+    # C[i, j] += ... vectorized over i (stride 6 in C): each lane updates its own row.
+    prog = retile(naive_program(matmul(16, 6, 5)), "C.update",
+                  [("C.j", 6, S, "j", 1), ("C.k", 5, S, "k", 1), ("C.i", 16, V, "i", 1)])
+    prog = prog.with_body(naive_program(matmul(16, 6, 5)).body[:1] + prog.body)
+    a, b, c = rand(16, 5), rand(5, 6), np.full((16, 6), np.nan, np.float32)
+    run(prog, a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_vectorized_loop_whose_lanes_store_one_element_is_refused():
+    prog = naive_program(unary(16, lambda x, i: expr.exp(x[i])))
+    (blk,) = prog.blocks()
+    bad = prog.with_body(nest([("Y.i", 16, S), ("Y.v", 8, V)], (blk,)))  # Y.v binds no axis
+    with pytest.raises(BackendError, match="vectorized loop Y.v needs stores to distinct "
+                                           "elements.*Y with stride 0"):
+        compile_program(bad)
 
 
 # ---- the kernel's calling convention ------------------------------------------------------------
