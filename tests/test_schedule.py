@@ -316,6 +316,20 @@ def test_pack_an_intermediate_read_by_the_second_matmul():
     assert_computes(sch.program, comp)
 
 
+def test_pack_along_an_outer_dimension_unrolls_the_transposing_copy():
+    comp, sch = build("conv2d_nchw", 1, 3, 5, 5, 32, 3, 3, 1, 1)
+    sch.pack("Y.update", "W", dim=0, factor=16)  # W_packed[k // 16, c, r, s, k % 16]
+    prog = sch.program
+    assert prog.buffer("W_packed").shape == (2, 3, 3, 3, 16)
+    kinds = {lp.name: lp.kind for lp in prog.loops() if lp.name.startswith("W_packed")}
+    assert kinds.pop("W_packed.p4") == LoopKind.UNROLL
+    assert set(kinds.values()) == {LoopKind.SERIAL}
+    assert_computes(prog, comp)
+    _, rows = build("matmul", 16, 24, 8)
+    rows.pack("C.update", "B", dim=1, factor=8)  # contiguous runs: the copy stays a loop
+    assert rows.program.loop("B_packed.p2").kind == LoopKind.SERIAL
+
+
 def test_pack_rejects_non_dividing_factors_and_unread_buffers():
     _, sch = build("matmul", 16, 24, 8)
     with pytest.raises(ScheduleError, match=r"5 does not divide dimension 1 \(extent 24\)"):
