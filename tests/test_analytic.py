@@ -96,6 +96,23 @@ def test_a_scatter_stores_lane_by_lane(model):
     assert stores[0] == pytest.approx(stores[1])
 
 
+def test_a_scattered_accumulator_is_not_kept_in_registers(model):
+    """C[i, j] += ... vectorized over i (lanes a row apart) inside k: the gather and scatter
+    of C run at every k, far slower than the same loops vectorized over j, where C is kept in
+    a register through k."""
+    naive = matmul(256)
+    across, along = Schedule(naive), Schedule(naive)
+    across.reorder("C.j", "C.i")
+    across.split("C.i", [16, 16])
+    across.reorder("C.k", "C.i.1")  # j, i.0, k, i.1
+    across.vectorize("C.i.1")
+    along.split("C.j", [16, 16])
+    along.reorder("C.k", "C.j.1")  # i, j.0, k, j.1
+    along.vectorize("C.j.1")
+    scattered, contiguous = model.predict([across.program, along.program])
+    assert scattered > 4 * contiguous
+
+
 def test_a_register_tile_beats_accumulating_in_memory(model):
     naive = matmul()
     tiled, streaming = model.predict([register_tiled(naive), row_streaming(naive)])
