@@ -2,8 +2,10 @@
 
 Exploration stores each measurement the moment it has it, so an interrupted run resumes without
 measuring anything twice, and runs on several machines can be exported, merged and compared.
-Timings only compare on the machine that took them: each measurement carries a fingerprint of its
-machine, and `lookup` and `best` answer for this machine only.
+Timings only compare on the machine and for the target that took them: each measurement carries a
+fingerprint of its machine and the target its code was compiled for (`backend.Target.spec`, like
+"host" or "host,-avx512f"), and `lookup`, `best` and `records` answer for this machine and one
+target (the host unless told).
 
     with Database("results.db") as db:
         run = db.start_run(workload="matmul", size=[512, 512, 512], seed=0, budget={"trials": 64},
@@ -13,6 +15,11 @@ machine, and `lookup` and `best` answer for this machine only.
             db.add(Record("matmul", [512, 512, 512], prog.hash(), "", {}, trace, m.times,
                           m.median_s, m.gflops, m.correct, m.error, run_id=run))
         db.finish_run(run, status="done", summary={"best_s": db.best("matmul", [512] * 3).median_s})
+        db.lookup("matmul", [512, 512, 512], prog.hash(), target="host,-avx512f")  # another target
+
+A database of schema version 1 (before targets) is migrated when opened for writing: its
+measurements were compiled for the host, so they get the target "host". Opened read-only, it is
+read as if migrated.
 
 See docs/ARCHITECTURE.md §12 The database.
 """
@@ -34,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from . import machine
+from .backend.target import HOST
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RUN_STATUSES = ("done", "interrupted", "failed")
 
 _APP = "eqsched"
@@ -43,6 +51,8 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 # Long enough for another process's transaction (one insert, or one import) to finish.
 _BUSY_TIMEOUT_S = 60.0
 
+_UNIQUE_MEASUREMENT = ("CREATE UNIQUE INDEX measurements_once ON measurements "
+                       "(key, program_hash, machine_fp, target)")
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE runs (
@@ -56,8 +66,8 @@ _SCHEMA = (
         program_hash TEXT NOT NULL, machine_fp TEXT NOT NULL, structure TEXT NOT NULL,
         sizes TEXT NOT NULL, trace TEXT NOT NULL, times TEXT NOT NULL, median_s REAL,
         gflops REAL, correct INTEGER, error TEXT, predicted_s REAL, round INTEGER,
-        created_at REAL NOT NULL)""",
-    "CREATE UNIQUE INDEX measurements_once ON measurements (key, program_hash, machine_fp)",
+        created_at REAL NOT NULL, target TEXT NOT NULL DEFAULT 'host')""",
+    _UNIQUE_MEASUREMENT,
 )
 _TABLES = ("meta", "measurements", "runs")
 # Values computed from a measurement's program (a learned model's inputs), under a key that names
@@ -73,7 +83,7 @@ _RUN_COLUMNS = ("workload", "size", "key", "seed", "budget", "rules", "cost_mode
 _RUN_JSON = ("size", "budget", "rules", "machine", "versions", "config", "summary")
 _MEASUREMENT_COLUMNS = ("run_id", "key", "program_hash", "machine_fp", "structure", "sizes",
                         "trace", "times", "median_s", "gflops", "correct", "error", "predicted_s",
-                        "round", "created_at")
+                        "round", "created_at", "target")
 _MEASUREMENT_JSON = ("sizes", "trace", "times")
 
 
@@ -101,6 +111,7 @@ class Record:
     run_id: int | None = None
     created_at: float = 0.0
     machine_fp: str = ""  # the measuring machine's fingerprint
+    target: str = HOST  # the target the program was compiled for (backend.Target.spec)
 
 
 def workload_key(workload: str, size: Sequence[int]) -> str:
@@ -265,12 +276,36 @@ class Database:
         missing = sorted(set(_TABLES) - set(tables))
         if missing:
             raise DatabaseError(f"{self.path} is damaged: table {', '.join(missing)} is missing")
+        if int(version) == 1:
+            self._migrate_from_version_1()
         for table, columns in (("runs", _RUN_COLUMNS), ("measurements", _MEASUREMENT_COLUMNS)):
             present = {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
             lacking = [c for c in ("id", *columns) if c not in present]
             if lacking:
                 raise DatabaseError(f"{self.path} is damaged: table {table} lacks column "
                                     f"{', '.join(lacking)}")
+
+    def _migrate_from_version_1(self) -> None:
+        """Version 1 had no target: its measurements were compiled for the host. The target
+        joins the record's identity (one program measured for two targets is two records)."""
+        if self.readonly:
+            # A temporary view shadows the table for this connection only; the file is not
+            # touched.
+            self._conn.execute("CREATE TEMP VIEW measurements AS SELECT *, "
+                               f"'{HOST}' AS target FROM main.measurements")
+            return
+        with self._transaction():
+            # Another process may have migrated it while this one waited for the lock.
+            version = self._conn.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+            if str(version) != "1":
+                return
+            self._conn.execute("ALTER TABLE measurements ADD COLUMN "
+                               f"target TEXT NOT NULL DEFAULT '{HOST}'")
+            self._conn.execute("DROP INDEX IF EXISTS measurements_once")
+            self._conn.execute(_UNIQUE_MEASUREMENT)
+            self._conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                               (str(SCHEMA_VERSION),))
 
     # ---- plumbing --------------------------------------------------------------------------
 
@@ -371,7 +406,8 @@ class Database:
 
     def add(self, record: Record) -> bool:
         """Store a measurement, committed at once. A program this machine (the record's
-        `machine_fp`) already measured for the workload is kept as it was: returns False."""
+        `machine_fp`) already measured for the workload and the record's target is kept as it
+        was: returns False."""
         self._writable()
         with self._sql("add") as conn:
             return self._insert_record(conn, record)
@@ -399,27 +435,35 @@ class Database:
                                 f"{record.program_hash})") from None
         return cursor.rowcount == 1
 
-    def lookup(self, workload: str, size: Sequence[int], program_hash: str) -> Record | None:
-        """This machine's measurement of a program, if there is one."""
-        found = self._select("WHERE key = ? AND program_hash = ? AND machine_fp = ?",
-                             [workload_key(workload, size), program_hash, self.machine_fp])
+    def lookup(self, workload: str, size: Sequence[int], program_hash: str,
+               target: str = HOST) -> Record | None:
+        """This machine's measurement of a program compiled for `target`, if there is one."""
+        found = self._select("WHERE key = ? AND program_hash = ? AND machine_fp = ? AND "
+                             "target = ?", [workload_key(workload, size), program_hash,
+                                            self.machine_fp, target])
         return found[0] if found else None
 
-    def best(self, workload: str, size: Sequence[int]) -> Record | None:
-        """The fastest correct measurement on this machine."""
-        found = self._select("WHERE key = ? AND machine_fp = ? AND correct = 1 AND error IS NULL "
-                             "AND median_s IS NOT NULL ORDER BY median_s, id LIMIT 1",
-                             [workload_key(workload, size), self.machine_fp])
+    def best(self, workload: str, size: Sequence[int], target: str = HOST) -> Record | None:
+        """The fastest correct measurement on this machine for `target`."""
+        found = self._select("WHERE key = ? AND machine_fp = ? AND target = ? AND correct = 1 "
+                             "AND error IS NULL AND median_s IS NOT NULL "
+                             "ORDER BY median_s, id LIMIT 1",
+                             [workload_key(workload, size), self.machine_fp, target])
         return found[0] if found else None
 
     def records(self, workload: str | None = None, size: Sequence[int] | None = None, *,
-                run_id: int | None = None, all_machines: bool = False) -> list[Record]:
-        """Measurements in insertion order, of this machine unless `all_machines`."""
+                run_id: int | None = None, target: str | None = HOST,
+                all_machines: bool = False) -> list[Record]:
+        """Measurements in insertion order, of this machine unless `all_machines`, for `target`
+        (every target when None)."""
         where, params = self._where_workload(workload, size)
         clauses = [where.removeprefix("WHERE ")] if where else []
         if run_id is not None:
             clauses.append("run_id = ?")
             params.append(run_id)
+        if target is not None:
+            clauses.append("target = ?")
+            params.append(target)
         if not all_machines:
             clauses.append("machine_fp = ?")
             params.append(self.machine_fp)
@@ -480,7 +524,7 @@ class Database:
         # were read.
         with self._sql("export"), self._transaction("DEFERRED"):
             runs = self.runs()
-            records = self.records(all_machines=True)
+            records = self.records(target=None, all_machines=True)
         with open(path, "w") as f:
             for run in runs:
                 f.write(json.dumps({"type": "run", **run}, sort_keys=True) + "\n")
@@ -535,7 +579,7 @@ _RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "sizes": (dict,), "trace": (list,), "times": (list,), "median_s": (*_NUMBER, type(None)),
     "gflops": (*_NUMBER, type(None)), "correct": (bool, type(None)), "error": (str, type(None)),
     "predicted_s": (*_NUMBER, type(None)), "round": (int, type(None)),
-    "run_id": (int, type(None)), "created_at": _NUMBER, "machine_fp": (str,),
+    "run_id": (int, type(None)), "created_at": _NUMBER, "machine_fp": (str,), "target": (str,),
 }
 
 
@@ -561,6 +605,7 @@ def _read_jsonl(path: Path) -> tuple[dict[int, dict], list[Record]]:
                 raise DatabaseError(f"{path} line {number}: run {obj['id']} appears twice")
             runs[obj.pop("id")] = obj
         elif kind == "measurement":
+            obj.setdefault("target", HOST)  # exported before targets: measured for the host
             _check_fields(obj, _RECORD_FIELDS, path, number)
             if not obj["machine_fp"]:
                 raise DatabaseError(f"{path} line {number}: measurement has no machine_fp")
