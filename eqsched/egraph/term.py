@@ -20,6 +20,7 @@ See docs/ARCHITECTURE.md §3 Vocabulary and §4 The e-graph.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..ir import LoopKind
@@ -124,13 +125,27 @@ def show(term: Term) -> str:
 
 # Size constraints that a loop kind puts on its piece's extent (legal for the backend at any
 # extent, but the space only holds the useful ones: whole vectors, short unrolls).
-VECTOR_LANES = (8, 16, 32, 64)
 MAX_UNROLL_EXTENT = 16
 
 
-def extent_allowed(kind: str, extent: int) -> bool:
+def vector_lanes(register_lanes: int) -> tuple[int, ...]:
+    """The extents a vector piece may have on a target whose vector register holds
+    `register_lanes` float32 lanes: half a register (for a narrow extent) up to four registers
+    (LLVM splits a wide vector into registers, so a longer vector loop is a register tile along
+    it). A 512-bit register gives 8..64, a 256-bit one 4..32."""
+    if register_lanes < 2 or register_lanes & (register_lanes - 1):
+        raise ValueError(f"register lanes must be a power of two >= 2, got {register_lanes}")
+    return (register_lanes // 2, register_lanes, 2 * register_lanes, 4 * register_lanes)
+
+
+# The lanes of a space built without a target: those of a 512-bit register. Callers that know
+# their target pass `vector_lanes(target.vector_lanes)`.
+VECTOR_LANES = vector_lanes(16)
+
+
+def extent_allowed(kind: str, extent: int, lanes: Sequence[int] = VECTOR_LANES) -> bool:
     if kind == LoopKind.VECTOR:
-        return extent in VECTOR_LANES
+        return extent in lanes
     if kind == LoopKind.UNROLL:
         return extent <= MAX_UNROLL_EXTENT
     return True
