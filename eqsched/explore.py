@@ -2,17 +2,21 @@
 
     result = explore("matmul", (512, 512, 512), trials=64, db="eqsched.db", seed=0)
     result.best.gflops, result.best_program.text(), result.best_trace, result.rounds
+    explore("matmul", (512, 512, 512), target="host,-avx512f")   # AVX2 code on this machine
 
 Every round the search (`eqsched.extract.search`) proposes a batch the run has not tried yet; each
-candidate is looked up in the database first (same workload, program and machine: its stored
-measurement is used, nothing is run) and otherwise measured in a worker process, checked against
-the numpy reference before it is timed, and stored at once (`eqsched.trials`: the settings, the
-measurement key, measuring or looking up one candidate). The cost model then learns from the
-batch and the next round is ranked with it. The learned model starts from every measurement the
-database holds of this machine (all runs and workloads, `LearnedModel.add_history`), so a run
-ranks its first round with what earlier runs taught. A candidate looked up counts as a trial like a
-measured one, so re-running the same exploration (same seed, same database) walks the same path
-and measures nothing new; an interrupted run resumes where it stopped.
+candidate is looked up in the database first (same workload, program, machine and target: its
+stored measurement is used, nothing is run) and otherwise measured in a worker process, checked
+against the numpy reference before it is timed, and stored at once (`eqsched.trials`: the
+settings, the measurement key, measuring or looking up one candidate). The cost model then learns
+from the batch and the next round is ranked with it. The learned model starts from every
+measurement the database holds of this machine and target (all runs and workloads,
+`LearnedModel.add_history`), so a run ranks its first round with what earlier runs taught. The
+target (`Settings.target`, the host by default) decides what code is generated and which vector
+lanes the space offers; one this machine cannot run is refused before anything is saturated. A
+candidate looked up counts as a trial like a measured one, so re-running the same exploration
+(same seed, same database) walks the same path and measures nothing new; an interrupted run
+resumes where it stopped.
 
 While a round is measured the next one is searched (`_Exploration.rounds`), but never while a
 candidate is timed (`trials.TimingGate`); the proposals are the same as if it searched after.
@@ -32,14 +36,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import machine
+from .backend import Target
 from .db import Database
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
+from .egraph.term import vector_lanes
 from .extract import Candidate, CostModel, EvolutionarySearch, cost_model_for
 from .extract.cost import kendall, spearman
 from .extract.learned import LearnedModel
@@ -73,6 +79,7 @@ class ExploreResult:
     cost_model: str
     rules: list[str]
     budget: dict[str, Any]
+    target: str = "host"  # the spec of the target the programs were compiled for
     rounds: list[Round] = field(default_factory=list)
     best: Trial | None = None
     best_program: Program | None = None
@@ -100,7 +107,7 @@ class ExploreResult:
         return {
             "workload": self.workload, "size": self.size, "seed": self.seed,
             "cost_model": self.cost_model, "rules": self.rules, "budget": self.budget,
-            "trials": len(self.trials), "measured": self.measured,
+            "target": self.target, "trials": len(self.trials), "measured": self.measured,
             "best_gflops": best.gflops if best else None,
             "best_median_s": best.median_s if best else None,
             "best_hash": best.program_hash if best else None,
@@ -129,9 +136,11 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             cost_model: str | CostModel = "learned", rules: RuleSpec = None,
             limits: Limits | None = None,
             batch: int = 16, jobs: int = 1, settings: Settings | None = None,
-            measure_naive: bool = True, progress: Progress | None = None) -> ExploreResult:
+            target: str | Target | None = None, measure_naive: bool = True,
+            progress: Progress | None = None) -> ExploreResult:
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for
-    `trials` candidates and/or `seconds` of wall time; see the module docstring."""
+    `trials` candidates and/or `seconds` of wall time; see the module docstring. `target`, when
+    given, replaces `settings.target` ("host", "host,-avx512f", "haswell", a Target)."""
     from .rules import resolve
 
     budget = _Budget(trials, seconds, batch, started=time.perf_counter())
@@ -140,6 +149,10 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
     settings = settings or Settings()
+    if target is not None:
+        settings = replace(settings, target=target)
+    compile_target = settings.options().target
+    compile_target.check_runs_here()
     say = progress or (lambda event, data: None)
     database = db if isinstance(db, Database) else Database(db)
     try:
@@ -156,9 +169,10 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     naive = naive_program(wl.build(*size))
     result = ExploreResult(wl.name, list(size), seed, model.name, [r.name for r in chosen_rules],
                            {"trials": trials, "seconds": seconds, "batch": batch},
-                           db_path=str(getattr(database, "path", db)))
+                           target=settings.target, db_path=str(getattr(database, "path", db)))
     say("saturating", {"workload": wl.name, "size": list(size)})
-    space, result.space = _saturate(naive, chosen_rules, limits)
+    space, result.space = _saturate(naive, chosen_rules, limits,
+                                    vector_lanes(compile_target.vector_lanes))
     facts = machine.describe()  # with the measured FMA peak (once per process)
     result.run_id = database.start_run(
         workload=wl.name, size=list(size), seed=seed, budget=result.budget,
@@ -188,11 +202,12 @@ class _Budget:
         return self.seconds is not None and time.perf_counter() - self.started > self.seconds
 
 
-def _saturate(naive: Program, rules: list, limits: Limits | None
+def _saturate(naive: Program, rules: list, limits: Limits | None, lanes: tuple[int, ...]
               ) -> tuple[Space, dict[str, Any]]:
-    """The space of `naive` under `rules`, and what to report of the saturation."""
+    """The space of `naive` under `rules` (vector pieces of `lanes`), and what to report of the
+    saturation."""
     sat = saturate(naive, rules, limits)
-    space = Space(sat)
+    space = Space(sat, lanes)
     rep = sat.report
     return space, {"stop_reason": rep.stop_reason, "seconds": rep.seconds, "enodes": rep.enodes,
                    "eclasses": rep.eclasses, "programs": space.count()}

@@ -4,6 +4,9 @@ import json
 
 import pytest
 
+import eqsched.explore as explore_module
+from eqsched.backend import CompileOptions, Target, TargetError, compile_program
+from eqsched.backend import target as target_module
 from eqsched.db import Database
 from eqsched.explore import Settings, explore, search_beside_measuring
 from eqsched.ir import naive_program
@@ -178,6 +181,35 @@ def test_a_wrong_program_is_never_the_best(tmp_path, monkeypatch):
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="trials"):
         explore("matmul", SIZE, trials=0)
+
+
+AVX2 = "host,-avx512f"
+
+
+def test_another_target_measures_everything_again_and_the_same_target_reuses(tmp_path):
+    db = tmp_path / "x.db"
+    run(db, trials=4)
+    avx2 = run(db, trials=4, target=AVX2)
+    assert avx2.target == AVX2 and avx2.measured == len(avx2.trials) == 4
+    assert run(db, trials=4, target=AVX2).measured == 0
+    with Database(db) as d:
+        assert len(d.records("matmul", SIZE)) == len(d.records("matmul", SIZE, target=AVX2)) == 4
+        assert [r["config"]["target"] for r in d.runs()] == ["host", AVX2, AVX2]
+    best = compile_program(avx2.best_program, CompileOptions(target=Target.parse(AVX2)))
+    assert "zmm" not in best.asm()
+
+
+def test_a_target_is_refused_before_anything_is_saturated(tmp_path, monkeypatch):
+    def no_saturating(*args, **kwargs):
+        raise AssertionError("saturated, though the target was refused")
+
+    monkeypatch.setattr(explore_module, "saturate", no_saturating)
+    with pytest.raises(TargetError, match="LLVM knows no x86 CPU"):
+        run(tmp_path / "x.db", target="nosuchcpu")
+    no_avx512 = {**target_module._host_feature_map(), "avx512f": False}
+    monkeypatch.setattr(target_module, "_host_feature_map", lambda: no_avx512)
+    with pytest.raises(TargetError, match="needs avx512f, which this CPU"):
+        run(tmp_path / "x.db", target="skylake-avx512")
 
 
 def test_a_run_that_fails_is_marked_failed_and_keeps_its_measurements(tmp_path):
