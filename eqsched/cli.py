@@ -5,6 +5,7 @@
     eqsched machine [--calibrate] [--target host,-avx512f] [--json]
     eqsched space matmul --size 64,64,64 --sample 3 [--rules a,-b] [--limits seconds=10] [--json]
     eqsched explore matmul --size 512,512,512 --trials 64 [--db eqsched.db] [--seed 0] [--json]
+    eqsched explore matmul --target host,-avx512f      # compile for AVX2 (also run, space, batch)
     eqsched batch suite.toml [--jobs 2] [--db eqsched.db] [--executor ray]
     eqsched report --db eqsched.db --out report/
     eqsched rules list | eqsched rules check RULE
@@ -26,8 +27,8 @@ import time
 from typing import Any, NoReturn
 
 from . import machine
-from .args import CliError, parse_limits, parse_size
-from .backend import BackendError, Target
+from .args import TARGET_HELP, CliError, parse_limits, parse_size, parse_target
+from .backend import BackendError, CompileOptions
 from .egraph.dot import write_dot
 from .egraph.space import Space, SpaceError, rule_contributions
 from .ir import LoopKind, Program, naive_program
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                      help=f"seconds for compile, check and timing (default {DEFAULT_TIMEOUT_S:g})")
+    run.add_argument("--target", default="host", help=TARGET_HELP)
     run.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
     run.add_argument("--no-print", action="store_true", help="do not print the program")
@@ -95,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     space.add_argument("--sample", type=int, default=0, metavar="N",
                        help="draw N programs uniformly and print them with their traces")
     space.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    space.add_argument("--target", default="host",
+                       help=TARGET_HELP + "; its vector width sets the vector lanes of the space "
+                                          "(any target LLVM knows, runnable here or not)")
     space.add_argument("--dot", metavar="OUT.svg",
                        help="write the space's DAG for graphviz (.dot, and .svg if `dot` exists)")
     space.add_argument("--contributions", action="store_true",
@@ -122,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="threads for parallel loops (default: every core; 1 for a one-core "
                           "result)")
     exp.add_argument("--repeats", type=int, default=10, help="timed runs per candidate")
+    exp.add_argument("--target", default="host", help=TARGET_HELP)
     exp.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                      help="seconds per candidate for compile, check and timing")
     exp.add_argument("--save-trace", metavar="FILE",
@@ -191,6 +197,7 @@ def _report(wl: Workload, size: tuple[int, ...], program: Program, steps: list[d
         "workload": wl.name,
         "params": list(wl.params),
         "size": list(size),
+        "target": m.info.get("backend", {}).get("target"),
         "correct": m.correct,
         "max_err": m.max_err,
         "check_message": m.check_message,
@@ -214,7 +221,7 @@ def _report(wl: Workload, size: tuple[int, ...], program: Program, steps: list[d
 
 def _print_report(r: dict[str, Any]) -> None:
     print(f"{r['workload']} {','.join(map(str, r['size']))}  program {r['program_hash']}  "
-          f"{len(r['trace'])} schedule steps")
+          f"{len(r['trace'])} schedule steps  target {r['target']}")
     print(f"correct: {r['correct']}  ({r['check_message']})")
     if r["median_s"] is None:
         return
@@ -232,12 +239,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise CliError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and "
                        f"{args.warmup}")
+    target = parse_target(args.target)
     wl, size, program, steps = _build(args)
     if not args.no_print:
         print(program.text(), file=sys.stderr if args.json else sys.stdout)
-    print(f"eqsched: measuring {wl.name} {','.join(map(str, size))} ...", file=sys.stderr)
+    print(f"eqsched: measuring {wl.name} {','.join(map(str, size))} for target {target} ...",
+          file=sys.stderr)
     m = measure(program, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
-                seed=args.seed)
+                seed=args.seed, options=CompileOptions(target=target))
     if m.error is not None:
         hint = " (raise --timeout or lower --repeats)" if m.error.startswith("timed out") else ""
         raise CliError(f"measuring {wl.name} failed: {m.error}{hint}")
@@ -253,7 +262,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_machine(args: argparse.Namespace) -> int:
-    target = Target.parse(args.target)
+    target = parse_target(args.target)
     if args.calibrate:
         print(f"eqsched: calibrating {target} ...", file=sys.stderr)
         model = recalibrate(target)
@@ -293,10 +302,13 @@ def _sample_rows(space: Any, n: int, seed: int) -> list[dict[str, Any]]:
 def _cmd_space(args: argparse.Namespace) -> int:
     # The rule modules load only for this command.
     from .egraph.saturate import saturate
+    from .egraph.term import vector_lanes
     from .rules import RuleError, resolve
 
     if args.sample < 0:
         raise CliError(f"--sample must be >= 0, got {args.sample}")
+    target = parse_target(args.target, runs_here=False)
+    lanes = vector_lanes(target.vector_lanes)
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
     naive = naive_program(wl.build(*size))
@@ -308,11 +320,12 @@ def _cmd_space(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     sat = saturate(naive, rules, limits)
     started = time.perf_counter()
-    space = Space(sat)
+    space = Space(sat, lanes)
     programs, structures = space.count(), space.count_structures()
     rep = sat.report
     out: dict[str, Any] = {
-        "workload": wl.name, "size": list(size),
+        "workload": wl.name, "size": list(size), "target": target.spec,
+        "vector_lanes": list(lanes),
         "stop_reason": rep.stop_reason, "iterations": rep.iterations, "seconds": rep.seconds,
         "enodes": rep.enodes, "eclasses": rep.eclasses, "programs": programs,
         "structures": structures, "count_seconds": time.perf_counter() - started,
@@ -322,7 +335,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     if args.sample:
         out["samples"] = _sample_rows(space, args.sample, args.seed)
     if args.contributions:
-        out["contributions"] = rule_contributions(naive, rules, limits)
+        out["contributions"] = rule_contributions(naive, rules, limits, lanes)
     if args.dot:
         dot_file, svg_file = write_dot(space.to_dot(), args.dot)
         out["dot"], out["svg"] = str(dot_file), svg_file and str(svg_file)
@@ -335,7 +348,8 @@ def _cmd_space(args: argparse.Namespace) -> int:
     print(f"{wl.name} {','.join(map(str, size))}: {out['stop_reason']} after "
           f"{out['iterations']} iterations, {out['seconds']:.3g} s, {out['enodes']} e-nodes, "
           f"{out['eclasses']} e-classes, peak RSS {out['peak_rss_mb']:.0f} MB")
-    print(f"programs: {programs} ({float(programs):.3g}) in {structures} structures")
+    print(f"programs: {programs} ({float(programs):.3g}) in {structures} structures "
+          f"(target {out['target']}: vector loops of {', '.join(map(str, lanes))} lanes)")
     for name, count in sorted(out["matches_per_rule"].items()):
         print(f"  rule {name}: {count} matches")
     for name, count in out.get("contributions", {}).items():
@@ -395,7 +409,8 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
-    settings = Settings(repeats=args.repeats, timeout_s=args.timeout, threads=args.threads)
+    settings = Settings(repeats=args.repeats, timeout_s=args.timeout, threads=args.threads,
+                        target=parse_target(args.target))
     try:
         result = explore(wl.name, size, trials=args.trials, seconds=args.seconds, db=args.db,
                          seed=args.seed, cost_model=args.cost_model, rules=rules,
@@ -430,7 +445,8 @@ def _print_exploration(r: dict[str, Any]) -> None:
         print(r["program"])
     print(f"{r['workload']} {','.join(map(str, r['size']))}: {r['trials']} trials "
           f"({r['measured']} measured now, {r['trials'] - r['measured']} from the database) in "
-          f"{r['wall_s']:.1f} s, seed {r['seed']}, cost model {r['cost_model']}")
+          f"{r['wall_s']:.1f} s, seed {r['seed']}, cost model {r['cost_model']}, target "
+          f"{r['target']}")
     if r["best_gflops"] is None:
         return
     line = (f"best: {r['best_gflops']:.4g} GFLOPS, median {r['best_median_s'] * 1e3:.4g} ms, "
