@@ -23,7 +23,8 @@ class Vectorize(Rule):
         loop(C.j, "3/4", serial, [C.update]) -> loop(C.j, "3/4", vector, [C.update])
 
     Only a whole loop or a group's innermost piece (stride 1 in the axis), and only around blocks
-    (so a vector loop is always innermost). Its extent must be a whole vector (term.VECTOR_LANES).
+    (so a vector loop is always innermost). The space limits its extent to the target's vector
+    lanes (term.vector_lanes).
 
     A stage whose output's innermost axis cannot hold a vector is blocked along another stored
     axis (`analysis.blocked_groups`): its blocks' loops over that group vectorize too, storing
