@@ -149,6 +149,7 @@ TARGET_COMMANDS = {
     "distribution": ["experiment", "distribution", "matmul", "--size", "8,8,8", "--db",
                      "{tmp}/x.db"],
     "ranking": ["experiment", "ranking", "matmul", "--size", "8,8,8", "--db", "{tmp}/x.db"],
+    "rules check": ["rules", "check", "vectorize", "--workloads", "matmul"],
 }
 
 
@@ -170,6 +171,7 @@ def test_every_command_that_compiles_takes_a_target():
         assert "--target" in eqsched_cmd(command, "--help").stdout
     for experiment in ("compare", "distribution", "ranking"):
         assert "--target" in eqsched_cmd("experiment", experiment, "--help").stdout
+    assert "--target" in eqsched_cmd("rules", "check", "--help").stdout
 
 
 def test_machine_reports_the_measured_peak():
