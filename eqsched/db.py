@@ -659,15 +659,16 @@ class TrainingRow:
 
 
 def training_rows(db: Database, machine_key: str | None = None, *, threads: int | None = None,
-                  workloads: Sequence[str] | None = None) -> list[TrainingRow]:
-    """Every correct timed measurement of one machine, of every run and workload, oldest first.
-    `machine_key`: a `machine_fingerprint` (CPU model, LLVM's CPU name and features, cores;
-    default: the database's machine), so timings of two machines never mix. `threads`: leave out
-    parallel programs timed with another thread count (a program without parallel loops runs the
-    same on any). `workloads`: only these. (A measurement's target joins this filter when
-    records carry one.)"""
-    clauses = ["machine_fp = ?", "correct = 1", "error IS NULL", "median_s > 0"]
-    params: list[Any] = [machine_key or db.machine_fp]
+                  workloads: Sequence[str] | None = None, target: str = HOST
+                  ) -> list[TrainingRow]:
+    """Every correct timed measurement of one machine and target, of every run and workload,
+    oldest first. `machine_key`: a `machine_fingerprint` (CPU model, LLVM's CPU name and
+    features, cores; default: the database's machine) and `target` (a `Target.spec`), so timings
+    of two machines or two targets never mix. `threads`: leave out parallel programs timed with
+    another thread count (a program without parallel loops runs the same on any). `workloads`:
+    only these."""
+    clauses = ["machine_fp = ?", "target = ?", "correct = 1", "error IS NULL", "median_s > 0"]
+    params: list[Any] = [machine_key or db.machine_fp, target]
     with db._sql("reading training rows") as conn:
         found = conn.execute(f"SELECT id, key, program_hash, trace, median_s FROM measurements "
                              f"WHERE {' AND '.join(clauses)} ORDER BY id", params).fetchall()

@@ -151,17 +151,16 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     settings = settings or Settings()
     if target is not None:
         settings = replace(settings, target=target)
-    compile_target = settings.options().target
-    compile_target.check_runs_here()
+    options = settings.options()
+    options.target.check_runs_here()
     say = progress or (lambda event, data: None)
     database = db if isinstance(db, Database) else Database(db)
     try:
-        options = settings.options()
         model = cost_model_for(cost_model, options.thread_count, options.target)
         chosen_rules = resolve(rules)
         if isinstance(model, LearnedModel):
             say("learning", {"stored": model.add_history(
-                database, threads=settings.options().thread_count)})
+                database, threads=options.thread_count, target=settings.target)})
     except Exception:
         if not isinstance(db, Database):
             database.close()
@@ -172,7 +171,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
                            target=settings.target, db_path=str(getattr(database, "path", db)))
     say("saturating", {"workload": wl.name, "size": list(size)})
     space, result.space = _saturate(naive, chosen_rules, limits,
-                                    vector_lanes(compile_target.vector_lanes))
+                                    vector_lanes(options.target.vector_lanes))
     facts = machine.describe()  # with the measured FMA peak (once per process)
     result.run_id = database.start_run(
         workload=wl.name, size=list(size), seed=seed, budget=result.budget,

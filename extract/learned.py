@@ -143,8 +143,8 @@ def inputs_key(prior: CostModel | None) -> str:
 
 
 def history(db: Database, prior: CostModel | None, *, threads: int | None = None,
-            machine_key: str | None = None, workloads: Sequence[str] | None = None
-            ) -> tuple[list[tuple[str, Example]], int]:
+            machine_key: str | None = None, workloads: Sequence[str] | None = None,
+            target: str = "host") -> tuple[list[tuple[str, Example]], int]:
     """Examples of every stored measurement `training_rows` selects, each with its workload
     name, and how many could not be replayed (traces of an older schedule format). Inputs are
     cached in the database (when it is writable): replaying a trace and computing features and
@@ -152,7 +152,7 @@ def history(db: Database, prior: CostModel | None, *, threads: int | None = None
     from eqsched.db import training_rows
     from eqsched.workloads import get_workload
 
-    rows = training_rows(db, machine_key, threads=threads, workloads=workloads)
+    rows = training_rows(db, machine_key, threads=threads, workloads=workloads, target=target)
     key = inputs_key(prior)
     cached = db.derived(key, [r.id for r in rows])
     naive: dict[str, Program] = {}
@@ -319,10 +319,11 @@ class LearnedModel(CostModel):
                                                            float(np.log(s)))
         self._stale = True
 
-    def add_history(self, db: Database, threads: int | None = None) -> int:
-        """Learn from this machine's stored measurements in `db` (those of parallel programs
-        timed with `threads` threads, if given); returns how many it added."""
-        found, _ = history(db, self.prior, threads=threads)
+    def add_history(self, db: Database, threads: int | None = None, target: str = "host") -> int:
+        """Learn from this machine's stored measurements in `db` for `target` (a `Target.spec`;
+        those of parallel programs timed with `threads` threads, if given); returns how many it
+        added."""
+        found, _ = history(db, self.prior, threads=threads, target=target)
         return self.add_examples([example for _, example in found])
 
     def add_examples(self, examples: Sequence[Example], *, current: bool = False) -> int:

@@ -150,6 +150,7 @@ TARGET_COMMANDS = {
                      "{tmp}/x.db"],
     "ranking": ["experiment", "ranking", "matmul", "--size", "8,8,8", "--db", "{tmp}/x.db"],
     "rules check": ["rules", "check", "vectorize", "--workloads", "matmul"],
+    "machine": ["machine"],
 }
 
 

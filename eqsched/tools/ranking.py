@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..args import CliError
+from ..args import CliError, parse_target
+from ..backend import Target
 from ..extract import cost_model_for
 from ..ir import Program
 from .distribution import Distribution, measure_from_args, sample_arguments, summary
@@ -46,18 +47,20 @@ CURVE_MIN_GROUP = 8  # sizes with fewer stored programs are not held out from (t
 
 def rank_quality(data: Distribution | Sequence[tuple[Program, float]],
                  models: Sequence[Any] = ("analytic", "learned", "random"), *, folds: int = 5,
-                 seed: int = 0, threads: int = 1) -> dict[str, dict[str, Any]]:
+                 seed: int = 0, threads: int = 1, target: Target | None = None
+                 ) -> dict[str, dict[str, Any]]:
     """For each model (a registered name or a CostModel): Spearman and Kendall of predicted vs
     measured seconds, recall of the true fastest tenth in the predicted fastest tenth, and the
     speed of the model's top pick as a fraction of the best's. Every model is scored by k-fold
     cross-validation: a fresh copy learns from the other folds (`update`) and predicts the held
     out one, so a learned model never predicts a point it was fitted on (models that do not learn
-    predict as they would on the whole set). `threads`: what the built-in models predict for
-    (a Distribution's own settings win)."""
+    predict as they would on the whole set). `threads` and `target` (default: the host): what
+    the built-in models predict for (a Distribution's own settings win)."""
     from ..extract.cost import CostModel, kendall, spearman
 
     if isinstance(data, Distribution):
         threads = data.settings.options().thread_count
+        target = data.settings.options().target
         pairs = [(s.program, s.median_s) for s in data.samples if s.correct and s.median_s]
     else:
         pairs = [(p, float(t)) for p, t in data]
@@ -75,7 +78,7 @@ def rank_quality(data: Distribution | Sequence[tuple[Program, float]],
     true_top = set(np.argsort(times, kind="stable")[:top].tolist())
     out: dict[str, dict[str, Any]] = {}
     for spec in models:
-        predicted = _held_out_predictions(spec, programs, times, parts, threads)
+        predicted = _held_out_predictions(spec, programs, times, parts, threads, target)
         picked = np.argsort(predicted, kind="stable")
         name = spec.name if isinstance(spec, CostModel) else str(spec)
         out[name] = {
@@ -89,12 +92,14 @@ def rank_quality(data: Distribution | Sequence[tuple[Program, float]],
 
 
 def _held_out_predictions(spec: Any, programs: list[Program], times: np.ndarray,
-                          parts: list[list[int]], threads: int) -> np.ndarray:
+                          parts: list[list[int]], threads: int, target: Target | None
+                          ) -> np.ndarray:
     """Predictions of every program by a model that never learned from it."""
     from ..extract.cost import CostModel
 
     def fresh() -> CostModel:
-        return copy.deepcopy(spec) if isinstance(spec, CostModel) else cost_model_for(spec, threads)
+        return (copy.deepcopy(spec) if isinstance(spec, CostModel)
+                else cost_model_for(spec, threads, target))
 
     model = fresh()
     if type(model).update is CostModel.update:
@@ -278,12 +283,13 @@ def _cmd_ranking(args: Any) -> int:
     from ..extract.cost import CostModelError
 
     at_least_one(args, "folds")
+    target = parse_target(args.target)  # before a model calibrates anything
     if args.curves:
-        return _cmd_curves(args)
+        return _cmd_curves(args, target)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     try:
         for m in models:
-            cost_model_for(m, 1)
+            cost_model_for(m, 1, target)
     except CostModelError as err:
         raise CliError(str(err)) from None
     if not models:
@@ -311,7 +317,7 @@ def _cmd_ranking(args: Any) -> int:
     return 0
 
 
-def _cmd_curves(args: Any) -> int:
+def _cmd_curves(args: Any, target: Target) -> int:
     import json
 
     from ..db import Database, DatabaseError
@@ -328,10 +334,10 @@ def _cmd_curves(args: Any) -> int:
     if not counts or min(counts) < 1:
         raise CliError(f"--counts must name positive counts, got {args.counts!r}")
     workload, _, _ = problem(args)
-    prior = cost_model_for("analytic", args.threads)
+    prior = cost_model_for("analytic", args.threads, target)
     try:
         with Database(args.db) as db:
-            rows, skipped = history(db, prior, threads=args.threads)
+            rows, skipped = history(db, prior, threads=args.threads, target=target.spec)
     except DatabaseError as err:
         raise CliError(str(err)) from None
     try:
