@@ -71,9 +71,9 @@ _SCHEMA = (
 )
 _TABLES = ("meta", "measurements", "runs")
 # Values computed from a measurement's program (a learned model's inputs), under a key that names
-# how they were computed. A cache, not data: added to a database of schema version 1 when it is
-# opened for writing, absent from read-only ones that predate it, never exported. Older eqsched
-# ignore the table, so the schema version stays 1.
+# how they were computed. A cache, not data: added to a database when it is opened for writing,
+# absent from read-only ones that predate it, never exported. Older eqsched ignore the table, so
+# it takes no schema version of its own.
 _DERIVED_SCHEMA = """CREATE TABLE IF NOT EXISTS derived (
     measurement_id INTEGER NOT NULL REFERENCES measurements (id), key TEXT NOT NULL,
     value TEXT NOT NULL, PRIMARY KEY (measurement_id, key))"""

@@ -116,6 +116,13 @@ def test_records_of_two_targets_never_mix(db):
     assert len(db.records(target=None)) == 3
 
 
+def test_training_rows_are_one_targets(db):
+    db.add(record("h1", median_s=1e-3, trace=[]))
+    db.add(record("h2", median_s=2e-3, trace=[], target=AVX2))
+    assert [r.program_hash for r in training_rows(db)] == ["h1"]
+    assert [r.program_hash for r in training_rows(db, target=AVX2)] == ["h2"]
+
+
 # Made by eqsched at commit 4f6d35d (schema version 1, before targets): one run with two
 # measurements, h1 (1 ms) and h2 (2 ms) of matmul 64x32x16, on the machine fingerprinted "here".
 SCHEMA_V1 = Path(__file__).parent / "data" / "schema_v1.sqlite"
