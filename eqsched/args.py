@@ -1,8 +1,9 @@
 """What the `eqsched` command and its tools share to read their arguments: the one-line user
-error and the parsers of --size and --limits.
+error and the parsers of --size, --limits and --target.
 
     size = parse_size("64,64,64", get_workload("matmul"))   # (64, 64, 64), checked by the workload
     limits = parse_limits("iterations=20,seconds=10")       # an egraph.saturate.Limits
+    target = parse_target("host,-avx512f")                  # a backend.Target this CPU can run
     raise CliError("--samples must be >= 1, got 0")         # `eqsched: error: ...`, exit status 2
 
 See docs/ARCHITECTURE.md §14 Layering.
@@ -13,7 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .backend import Target
     from .workloads import Workload
+
+TARGET_HELP = ("the CPU to compile for: 'host' (default), an LLVM CPU name like 'haswell', then "
+               "+feature/-feature changes, like 'host,-avx512f' (AVX2 code on this machine)")
 
 
 class CliError(Exception):
@@ -46,3 +51,17 @@ def parse_limits(text: str | None) -> Any:
         except ValueError:
             raise CliError(f"bad --limits value in {item!r}: not a number") from None
     return Limits(**values)
+
+
+def parse_target(text: str, *, runs_here: bool = True) -> Target:
+    """The target `text` names, checked before anything is compiled or saturated: LLVM must know
+    it and, when `runs_here`, this CPU must be able to run its code."""
+    from .backend import Target, TargetError
+
+    try:
+        target = Target.parse(text)
+        if runs_here:
+            target.check_runs_here()
+    except TargetError as err:
+        raise CliError(f"bad --target: {err}") from None
+    return target

@@ -2,9 +2,10 @@
 
     eqsched workloads [--json]
     eqsched run matmul --size 512,512,512 --schedule examples/schedules/matmul-512.json
-    eqsched machine [--json]
+    eqsched machine [--calibrate] [--target host,-avx512f] [--json]
     eqsched space matmul --size 64,64,64 --sample 3 [--rules a,-b] [--limits seconds=10] [--json]
     eqsched explore matmul --size 512,512,512 --trials 64 [--db eqsched.db] [--seed 0] [--json]
+    eqsched explore matmul --target host,-avx512f      # compile for AVX2 (also run, space, batch)
     eqsched batch suite.toml [--jobs 2] [--db eqsched.db] [--executor ray]
     eqsched report --db eqsched.db --out report/
     eqsched rules list | eqsched rules check RULE
@@ -26,11 +27,12 @@ import time
 from typing import Any, NoReturn
 
 from . import machine
-from .args import CliError, parse_limits, parse_size
-from .backend import BackendError
+from .args import TARGET_HELP, CliError, parse_limits, parse_size, parse_target
+from .backend import BackendError, CompileOptions
 from .egraph.dot import write_dot
 from .egraph.space import Space, SpaceError, rule_contributions
 from .ir import LoopKind, Program, naive_program
+from .machine_model import CalibrationError, cache_path, machine_model, recalibrate
 from .runner import DEFAULT_TIMEOUT_S, Measurement, measure
 from .schedule import Schedule, ScheduleError, load_trace
 from .te import WorkloadError
@@ -71,11 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                      help=f"seconds for compile, check and timing (default {DEFAULT_TIMEOUT_S:g})")
+    run.add_argument("--target", default="host", help=TARGET_HELP)
     run.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
     run.add_argument("--no-print", action="store_true", help="do not print the program")
 
-    mach = sub.add_parser("machine", help="this machine's facts and measured FMA peak")
+    mach = sub.add_parser("machine", help="this machine's facts, measured FMA peak and the "
+                                          "cost model's machine model of a target")
+    mach.add_argument("--calibrate", action="store_true",
+                      help="measure the machine model again (a few seconds) and cache it")
+    mach.add_argument("--target", default="host",
+                      help="the target whose machine model to show: 'host' (default), "
+                           "'host,-avx512f', an LLVM CPU such as 'haswell'")
     mach.add_argument("--json", action="store_true", help="print a JSON object")
 
     space = sub.add_parser("space", help="saturate a workload's schedule e-graph; count, sample")
@@ -88,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     space.add_argument("--sample", type=int, default=0, metavar="N",
                        help="draw N programs uniformly and print them with their traces")
     space.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    space.add_argument("--target", default="host",
+                       help=TARGET_HELP + "; its vector width sets the vector lanes of the space "
+                                          "(any target LLVM knows, runnable here or not)")
     space.add_argument("--dot", metavar="OUT.svg",
                        help="write the space's DAG for graphviz (.dot, and .svg if `dot` exists)")
     space.add_argument("--contributions", action="store_true",
@@ -115,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="threads for parallel loops (default: every core; 1 for a one-core "
                           "result)")
     exp.add_argument("--repeats", type=int, default=10, help="timed runs per candidate")
+    exp.add_argument("--target", default="host", help=TARGET_HELP)
     exp.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                      help="seconds per candidate for compile, check and timing")
     exp.add_argument("--save-trace", metavar="FILE",
@@ -184,6 +197,7 @@ def _report(wl: Workload, size: tuple[int, ...], program: Program, steps: list[d
         "workload": wl.name,
         "params": list(wl.params),
         "size": list(size),
+        "target": m.info.get("backend", {}).get("target"),
         "correct": m.correct,
         "max_err": m.max_err,
         "check_message": m.check_message,
@@ -207,7 +221,7 @@ def _report(wl: Workload, size: tuple[int, ...], program: Program, steps: list[d
 
 def _print_report(r: dict[str, Any]) -> None:
     print(f"{r['workload']} {','.join(map(str, r['size']))}  program {r['program_hash']}  "
-          f"{len(r['trace'])} schedule steps")
+          f"{len(r['trace'])} schedule steps  target {r['target']}")
     print(f"correct: {r['correct']}  ({r['check_message']})")
     if r["median_s"] is None:
         return
@@ -225,12 +239,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise CliError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and "
                        f"{args.warmup}")
+    target = parse_target(args.target)
     wl, size, program, steps = _build(args)
     if not args.no_print:
         print(program.text(), file=sys.stderr if args.json else sys.stdout)
-    print(f"eqsched: measuring {wl.name} {','.join(map(str, size))} ...", file=sys.stderr)
+    print(f"eqsched: measuring {wl.name} {','.join(map(str, size))} for target {target} ...",
+          file=sys.stderr)
     m = measure(program, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
-                seed=args.seed)
+                seed=args.seed, options=CompileOptions(target=target))
     if m.error is not None:
         hint = " (raise --timeout or lower --repeats)" if m.error.startswith("timed out") else ""
         raise CliError(f"measuring {wl.name} failed: {m.error}{hint}")
@@ -246,14 +262,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_machine(args: argparse.Namespace) -> int:
-    facts = machine.describe()
+    target = parse_target(args.target)
+    if args.calibrate:
+        print(f"eqsched: calibrating {target} ...", file=sys.stderr)
+        model = recalibrate(target)
+    else:
+        model = machine_model(target)
     if args.json:
-        print(json.dumps(facts))
+        print(json.dumps({**machine.describe(), "machine_model": model.to_json(),
+                          "machine_model_file": str(cache_path(target))}))
         return 0
-    for key, value in facts.items():
-        if key == "llvm_cpu_features":
-            value = " ".join(f for f in str(value).split(",") if f.startswith("+"))
-        print(f"{key}: {value}")
+    if not args.calibrate:
+        for key, value in machine.describe().items():
+            if key == "llvm_cpu_features":
+                value = " ".join(f for f in str(value).split(",") if f.startswith("+"))
+            print(f"{key}: {value}")
+        print()
+    print(f"machine model ({cache_path(target)}):")
+    for line in model.describe():
+        print(f"  {line}")
     return 0
 
 
@@ -275,10 +302,13 @@ def _sample_rows(space: Any, n: int, seed: int) -> list[dict[str, Any]]:
 def _cmd_space(args: argparse.Namespace) -> int:
     # The rule modules load only for this command.
     from .egraph.saturate import saturate
+    from .egraph.term import vector_lanes
     from .rules import RuleError, resolve
 
     if args.sample < 0:
         raise CliError(f"--sample must be >= 0, got {args.sample}")
+    target = parse_target(args.target, runs_here=False)
+    lanes = vector_lanes(target.vector_lanes)
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
     naive = naive_program(wl.build(*size))
@@ -290,11 +320,12 @@ def _cmd_space(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     sat = saturate(naive, rules, limits)
     started = time.perf_counter()
-    space = Space(sat)
+    space = Space(sat, lanes)
     programs, structures = space.count(), space.count_structures()
     rep = sat.report
     out: dict[str, Any] = {
-        "workload": wl.name, "size": list(size),
+        "workload": wl.name, "size": list(size), "target": target.spec,
+        "vector_lanes": list(lanes),
         "stop_reason": rep.stop_reason, "iterations": rep.iterations, "seconds": rep.seconds,
         "enodes": rep.enodes, "eclasses": rep.eclasses, "programs": programs,
         "structures": structures, "count_seconds": time.perf_counter() - started,
@@ -304,7 +335,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     if args.sample:
         out["samples"] = _sample_rows(space, args.sample, args.seed)
     if args.contributions:
-        out["contributions"] = rule_contributions(naive, rules, limits)
+        out["contributions"] = rule_contributions(naive, rules, limits, lanes)
     if args.dot:
         dot_file, svg_file = write_dot(space.to_dot(), args.dot)
         out["dot"], out["svg"] = str(dot_file), svg_file and str(svg_file)
@@ -317,7 +348,8 @@ def _cmd_space(args: argparse.Namespace) -> int:
     print(f"{wl.name} {','.join(map(str, size))}: {out['stop_reason']} after "
           f"{out['iterations']} iterations, {out['seconds']:.3g} s, {out['enodes']} e-nodes, "
           f"{out['eclasses']} e-classes, peak RSS {out['peak_rss_mb']:.0f} MB")
-    print(f"programs: {programs} ({float(programs):.3g}) in {structures} structures")
+    print(f"programs: {programs} ({float(programs):.3g}) in {structures} structures "
+          f"(target {out['target']}: vector loops of {', '.join(map(str, lanes))} lanes)")
     for name, count in sorted(out["matches_per_rule"].items()):
         print(f"  rule {name}: {count} matches")
     for name, count in out.get("contributions", {}).items():
@@ -341,6 +373,9 @@ def _progress_printer(stream: Any) -> Any:
         if event == "saturating":
             print(f"eqsched: saturating the space of {data['workload']} "
                   f"{','.join(map(str, data['size']))} ...", file=stream)
+        elif event == "learning" and data["stored"]:
+            print(f"eqsched: the learned model starts from {data['stored']} stored measurements "
+                  f"of this machine", file=stream)
         elif event == "round":
             best = data["best_gflops"]
             rho = data["spearman"]
@@ -354,8 +389,8 @@ def _progress_printer(stream: Any) -> Any:
             print(("\r" + line) if live else line, end="" if live else "\n", file=stream,
                   flush=True)
         elif event == "exhausted":
-            print(f"\neqsched: the space has no untried candidate left after "
-                  f"{data['trials']} trials", file=stream)
+            print(f"\neqsched: {data['reason']}; stopped after {data['trials']} trials",
+                  file=stream)
 
     return show
 
@@ -374,7 +409,8 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
-    settings = Settings(repeats=args.repeats, timeout_s=args.timeout, threads=args.threads)
+    settings = Settings(repeats=args.repeats, timeout_s=args.timeout, threads=args.threads,
+                        target=parse_target(args.target))
     try:
         result = explore(wl.name, size, trials=args.trials, seconds=args.seconds, db=args.db,
                          seed=args.seed, cost_model=args.cost_model, rules=rules,
@@ -409,7 +445,8 @@ def _print_exploration(r: dict[str, Any]) -> None:
         print(r["program"])
     print(f"{r['workload']} {','.join(map(str, r['size']))}: {r['trials']} trials "
           f"({r['measured']} measured now, {r['trials'] - r['measured']} from the database) in "
-          f"{r['wall_s']:.1f} s, seed {r['seed']}, cost model {r['cost_model']}")
+          f"{r['wall_s']:.1f} s, seed {r['seed']}, cost model {r['cost_model']}, target "
+          f"{r['target']}")
     if r["best_gflops"] is None:
         return
     line = (f"best: {r['best_gflops']:.4g} GFLOPS, median {r['best_median_s'] * 1e3:.4g} ms, "
@@ -440,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args) if args.command in COMMANDS else args.run(args)
-    except (CliError, WorkloadError, ScheduleError, BackendError, SpaceError) as err:
+    except (CliError, WorkloadError, ScheduleError, BackendError, SpaceError,
+            CalibrationError) as err:
         message = str(err).strip().splitlines()
         print(f"eqsched: error: {message[0] if message else type(err).__name__}", file=sys.stderr)
     except KeyboardInterrupt:

@@ -2,8 +2,10 @@
 
 Exploration stores each measurement the moment it has it, so an interrupted run resumes without
 measuring anything twice, and runs on several machines can be exported, merged and compared.
-Timings only compare on the machine that took them: each measurement carries a fingerprint of its
-machine, and `lookup` and `best` answer for this machine only.
+Timings only compare on the machine and for the target that took them: each measurement carries a
+fingerprint of its machine and the target its code was compiled for (`backend.Target.spec`, like
+"host" or "host,-avx512f"), and `lookup`, `best` and `records` answer for this machine and one
+target (the host unless told).
 
     with Database("results.db") as db:
         run = db.start_run(workload="matmul", size=[512, 512, 512], seed=0, budget={"trials": 64},
@@ -13,6 +15,11 @@ machine, and `lookup` and `best` answer for this machine only.
             db.add(Record("matmul", [512, 512, 512], prog.hash(), "", {}, trace, m.times,
                           m.median_s, m.gflops, m.correct, m.error, run_id=run))
         db.finish_run(run, status="done", summary={"best_s": db.best("matmul", [512] * 3).median_s})
+        db.lookup("matmul", [512, 512, 512], prog.hash(), target="host,-avx512f")  # another target
+
+A database of schema version 1 (before targets) is migrated when opened for writing: its
+measurements were compiled for the host, so they get the target "host". Opened read-only, it is
+read as if migrated.
 
 See docs/ARCHITECTURE.md §12 The database.
 """
@@ -34,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from . import machine
+from .backend.target import HOST
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RUN_STATUSES = ("done", "interrupted", "failed")
 
 _APP = "eqsched"
@@ -43,6 +51,8 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 # Long enough for another process's transaction (one insert, or one import) to finish.
 _BUSY_TIMEOUT_S = 60.0
 
+_UNIQUE_MEASUREMENT = ("CREATE UNIQUE INDEX measurements_once ON measurements "
+                       "(key, program_hash, machine_fp, target)")
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE runs (
@@ -56,17 +66,24 @@ _SCHEMA = (
         program_hash TEXT NOT NULL, machine_fp TEXT NOT NULL, structure TEXT NOT NULL,
         sizes TEXT NOT NULL, trace TEXT NOT NULL, times TEXT NOT NULL, median_s REAL,
         gflops REAL, correct INTEGER, error TEXT, predicted_s REAL, round INTEGER,
-        created_at REAL NOT NULL)""",
-    "CREATE UNIQUE INDEX measurements_once ON measurements (key, program_hash, machine_fp)",
+        created_at REAL NOT NULL, target TEXT NOT NULL DEFAULT 'host')""",
+    _UNIQUE_MEASUREMENT,
 )
 _TABLES = ("meta", "measurements", "runs")
+# Values computed from a measurement's program (a learned model's inputs), under a key that names
+# how they were computed. A cache, not data: added to a database when it is opened for writing,
+# absent from read-only ones that predate it, never exported. Older eqsched ignore the table, so
+# it takes no schema version of its own.
+_DERIVED_SCHEMA = """CREATE TABLE IF NOT EXISTS derived (
+    measurement_id INTEGER NOT NULL REFERENCES measurements (id), key TEXT NOT NULL,
+    value TEXT NOT NULL, PRIMARY KEY (measurement_id, key))"""
 
 _RUN_COLUMNS = ("workload", "size", "key", "seed", "budget", "rules", "cost_model", "machine",
                 "versions", "config", "started_at", "finished_at", "status", "summary")
 _RUN_JSON = ("size", "budget", "rules", "machine", "versions", "config", "summary")
 _MEASUREMENT_COLUMNS = ("run_id", "key", "program_hash", "machine_fp", "structure", "sizes",
                         "trace", "times", "median_s", "gflops", "correct", "error", "predicted_s",
-                        "round", "created_at")
+                        "round", "created_at", "target")
 _MEASUREMENT_JSON = ("sizes", "trace", "times")
 
 
@@ -94,6 +111,7 @@ class Record:
     run_id: int | None = None
     created_at: float = 0.0
     machine_fp: str = ""  # the measuring machine's fingerprint
+    target: str = HOST  # the target the program was compiled for (backend.Target.spec)
 
 
 def workload_key(workload: str, size: Sequence[int]) -> str:
@@ -158,6 +176,7 @@ class Database:
             self._check_schema()
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute(_DERIVED_SCHEMA)
         except (sqlite3.Error, UnicodeDecodeError) as e:
             self._conn.close()
             raise DatabaseError(f"{self.path}: cannot open it ({e})") from None
@@ -257,12 +276,36 @@ class Database:
         missing = sorted(set(_TABLES) - set(tables))
         if missing:
             raise DatabaseError(f"{self.path} is damaged: table {', '.join(missing)} is missing")
+        if int(version) == 1:
+            self._migrate_from_version_1()
         for table, columns in (("runs", _RUN_COLUMNS), ("measurements", _MEASUREMENT_COLUMNS)):
             present = {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
             lacking = [c for c in ("id", *columns) if c not in present]
             if lacking:
                 raise DatabaseError(f"{self.path} is damaged: table {table} lacks column "
                                     f"{', '.join(lacking)}")
+
+    def _migrate_from_version_1(self) -> None:
+        """Version 1 had no target: its measurements were compiled for the host. The target
+        joins the record's identity (one program measured for two targets is two records)."""
+        if self.readonly:
+            # A temporary view shadows the table for this connection only; the file is not
+            # touched.
+            self._conn.execute("CREATE TEMP VIEW measurements AS SELECT *, "
+                               f"'{HOST}' AS target FROM main.measurements")
+            return
+        with self._transaction():
+            # Another process may have migrated it while this one waited for the lock.
+            version = self._conn.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+            if str(version) != "1":
+                return
+            self._conn.execute("ALTER TABLE measurements ADD COLUMN "
+                               f"target TEXT NOT NULL DEFAULT '{HOST}'")
+            self._conn.execute("DROP INDEX IF EXISTS measurements_once")
+            self._conn.execute(_UNIQUE_MEASUREMENT)
+            self._conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                               (str(SCHEMA_VERSION),))
 
     # ---- plumbing --------------------------------------------------------------------------
 
@@ -363,7 +406,8 @@ class Database:
 
     def add(self, record: Record) -> bool:
         """Store a measurement, committed at once. A program this machine (the record's
-        `machine_fp`) already measured for the workload is kept as it was: returns False."""
+        `machine_fp`) already measured for the workload and the record's target is kept as it
+        was: returns False."""
         self._writable()
         with self._sql("add") as conn:
             return self._insert_record(conn, record)
@@ -391,27 +435,35 @@ class Database:
                                 f"{record.program_hash})") from None
         return cursor.rowcount == 1
 
-    def lookup(self, workload: str, size: Sequence[int], program_hash: str) -> Record | None:
-        """This machine's measurement of a program, if there is one."""
-        found = self._select("WHERE key = ? AND program_hash = ? AND machine_fp = ?",
-                             [workload_key(workload, size), program_hash, self.machine_fp])
+    def lookup(self, workload: str, size: Sequence[int], program_hash: str,
+               target: str = HOST) -> Record | None:
+        """This machine's measurement of a program compiled for `target`, if there is one."""
+        found = self._select("WHERE key = ? AND program_hash = ? AND machine_fp = ? AND "
+                             "target = ?", [workload_key(workload, size), program_hash,
+                                            self.machine_fp, target])
         return found[0] if found else None
 
-    def best(self, workload: str, size: Sequence[int]) -> Record | None:
-        """The fastest correct measurement on this machine."""
-        found = self._select("WHERE key = ? AND machine_fp = ? AND correct = 1 AND error IS NULL "
-                             "AND median_s IS NOT NULL ORDER BY median_s, id LIMIT 1",
-                             [workload_key(workload, size), self.machine_fp])
+    def best(self, workload: str, size: Sequence[int], target: str = HOST) -> Record | None:
+        """The fastest correct measurement on this machine for `target`."""
+        found = self._select("WHERE key = ? AND machine_fp = ? AND target = ? AND correct = 1 "
+                             "AND error IS NULL AND median_s IS NOT NULL "
+                             "ORDER BY median_s, id LIMIT 1",
+                             [workload_key(workload, size), self.machine_fp, target])
         return found[0] if found else None
 
     def records(self, workload: str | None = None, size: Sequence[int] | None = None, *,
-                run_id: int | None = None, all_machines: bool = False) -> list[Record]:
-        """Measurements in insertion order, of this machine unless `all_machines`."""
+                run_id: int | None = None, target: str | None = HOST,
+                all_machines: bool = False) -> list[Record]:
+        """Measurements in insertion order, of this machine unless `all_machines`, for `target`
+        (every target when None)."""
         where, params = self._where_workload(workload, size)
         clauses = [where.removeprefix("WHERE ")] if where else []
         if run_id is not None:
             clauses.append("run_id = ?")
             params.append(run_id)
+        if target is not None:
+            clauses.append("target = ?")
+            params.append(target)
         if not all_machines:
             clauses.append("machine_fp = ?")
             params.append(self.machine_fp)
@@ -439,6 +491,31 @@ class Database:
         values["correct"] = _optional(bool, values["correct"])
         return Record(workload=workload, size=size, **values)
 
+    # ---- derived values --------------------------------------------------------------------
+
+    def derived(self, key: str, ids: Sequence[int]) -> dict[int, list[float]]:
+        """The values stored under `key` for the measurements `ids` (those that have them)."""
+        if "derived" not in self._tables():
+            return {}
+        out: dict[int, list[float]] = {}
+        with self._sql("reading derived values") as conn:
+            for start in range(0, len(ids), 500):  # SQLite limits the parameters of a query
+                chunk = [operator.index(i) for i in ids[start:start + 500]]
+                rows = conn.execute(
+                    f"SELECT measurement_id, value FROM derived WHERE key = ? AND measurement_id "
+                    f"IN ({', '.join('?' * len(chunk))})", [key, *chunk]).fetchall()
+                out.update((row[0], json.loads(row[1])) for row in rows)
+        return out
+
+    def store_derived(self, key: str, values: dict[int, list[float]]) -> None:
+        """Keep `values` (measurement id -> numbers) under `key`, replacing what was there."""
+        self._writable()
+        rows = [(operator.index(i), key, _json([float(v) for v in vs], "derived value"))
+                for i, vs in values.items()]
+        with self._sql("store_derived"), self._transaction():
+            self._conn.executemany("INSERT OR REPLACE INTO derived (measurement_id, key, value) "
+                                   "VALUES (?, ?, ?)", rows)
+
     # ---- JSON lines ------------------------------------------------------------------------
 
     def export_jsonl(self, path: str | os.PathLike) -> int:
@@ -447,7 +524,7 @@ class Database:
         # were read.
         with self._sql("export"), self._transaction("DEFERRED"):
             runs = self.runs()
-            records = self.records(all_machines=True)
+            records = self.records(target=None, all_machines=True)
         with open(path, "w") as f:
             for run in runs:
                 f.write(json.dumps({"type": "run", **run}, sort_keys=True) + "\n")
@@ -502,7 +579,7 @@ _RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "sizes": (dict,), "trace": (list,), "times": (list,), "median_s": (*_NUMBER, type(None)),
     "gflops": (*_NUMBER, type(None)), "correct": (bool, type(None)), "error": (str, type(None)),
     "predicted_s": (*_NUMBER, type(None)), "round": (int, type(None)),
-    "run_id": (int, type(None)), "created_at": _NUMBER, "machine_fp": (str,),
+    "run_id": (int, type(None)), "created_at": _NUMBER, "machine_fp": (str,), "target": (str,),
 }
 
 
@@ -528,6 +605,7 @@ def _read_jsonl(path: Path) -> tuple[dict[int, dict], list[Record]]:
                 raise DatabaseError(f"{path} line {number}: run {obj['id']} appears twice")
             runs[obj.pop("id")] = obj
         elif kind == "measurement":
+            obj.setdefault("target", HOST)  # exported before targets: measured for the host
             _check_fields(obj, _RECORD_FIELDS, path, number)
             if not obj["machine_fp"]:
                 raise DatabaseError(f"{path} line {number}: measurement has no machine_fp")
@@ -563,5 +641,57 @@ def _check_fields(obj: dict, fields: dict[str, tuple[type, ...]], path: Path,
         raise DatabaseError(f"{where}: {e}") from None
 
 
+@dataclass(frozen=True)
+class TrainingRow:
+    """One correct measurement, as a cost model learns from it: `trace` replayed on the naive
+    program of `workload` at `size` gives the measured program."""
+
+    id: int  # the measurement's row id (the key of its derived values)
+    workload: str
+    size: tuple[int, ...]
+    program_hash: str  # as stored: trials.measurement_key, "/threads=N" for parallel programs
+    trace: list[dict]
+    median_s: float
+
+    @property
+    def key(self) -> str:
+        return workload_key(self.workload, self.size)
+
+
+def training_rows(db: Database, machine_key: str | None = None, *, threads: int | None = None,
+                  workloads: Sequence[str] | None = None, target: str = HOST
+                  ) -> list[TrainingRow]:
+    """Every correct timed measurement of one machine and target, of every run and workload,
+    oldest first. `machine_key`: a `machine_fingerprint` (CPU model, LLVM's CPU name and
+    features, cores; default: the database's machine) and `target` (a `Target.spec`), so timings
+    of two machines or two targets never mix. `threads`: leave out parallel programs timed with
+    another thread count (a program without parallel loops runs the same on any). `workloads`:
+    only these."""
+    clauses = ["machine_fp = ?", "target = ?", "correct = 1", "error IS NULL", "median_s > 0"]
+    params: list[Any] = [machine_key or db.machine_fp, target]
+    with db._sql("reading training rows") as conn:
+        found = conn.execute(f"SELECT id, key, program_hash, trace, median_s FROM measurements "
+                             f"WHERE {' AND '.join(clauses)} ORDER BY id", params).fetchall()
+    wanted = None if workloads is None else set(workloads)
+    rows = []
+    for row in found:
+        workload, size = _split_key(row["key"])
+        if wanted is not None and workload not in wanted:
+            continue
+        timed_with = _threads_of(row["program_hash"])
+        if threads is not None and timed_with is not None and timed_with != threads:
+            continue
+        trace = db._decode([row], lambda r: json.loads(r["trace"]))[0]
+        rows.append(TrainingRow(row["id"], workload, tuple(size), row["program_hash"], trace,
+                                float(row["median_s"])))
+    return rows
+
+
+def _threads_of(program_hash: str) -> int | None:
+    """The thread count in a stored program hash (`trials.measurement_key`), None without."""
+    _, sep, count = program_hash.partition("/threads=")
+    return int(count) if sep and count.isdigit() else None
+
+
 __all__ = ["Database", "DatabaseError", "Record", "RUN_STATUSES", "SCHEMA_VERSION",
-           "machine_fingerprint", "workload_key"]
+           "TrainingRow", "machine_fingerprint", "training_rows", "workload_key"]

@@ -2,22 +2,29 @@
 
     result = explore("matmul", (512, 512, 512), trials=64, db="eqsched.db", seed=0)
     result.best.gflops, result.best_program.text(), result.best_trace, result.rounds
+    explore("matmul", (512, 512, 512), target="host,-avx512f")   # AVX2 code on this machine
 
 Every round the search (`eqsched.extract.search`) proposes a batch the run has not tried yet; each
-candidate is looked up in the database first (same workload, program and machine: its stored
-measurement is used, nothing is run) and otherwise measured in a worker process, checked against
-the numpy reference before it is timed, and stored at once (`eqsched.trials`: the settings, the
-measurement key, measuring or looking up one candidate). The cost model then learns from the
-batch and the next round is ranked with it. A candidate looked up counts as a trial like a
-measured one, so re-running the same exploration (same seed, same database) walks the same path
-and measures nothing new; an interrupted run resumes where it stopped.
+candidate is looked up in the database first (same workload, program, machine and target: its
+stored measurement is used, nothing is run) and otherwise measured in a worker process, checked
+against the numpy reference before it is timed, and stored at once (`eqsched.trials`: the
+settings, the measurement key, measuring or looking up one candidate). The cost model then learns
+from the batch and the next round is ranked with it. The learned model starts from every
+measurement the database holds of this machine and target (all runs and workloads,
+`LearnedModel.add_history`), so a run ranks its first round with what earlier runs taught. The
+target (`Settings.target`, the host by default) decides what code is generated and which vector
+lanes the space offers; one this machine cannot run is refused before anything is saturated. A
+candidate looked up counts as a trial like a measured one, so re-running the same exploration
+(same seed, same database) walks the same path and measures nothing new; an interrupted run
+resumes where it stopped.
 
 While a round is measured the next one is searched (`_Exploration.rounds`), but never while a
 candidate is timed (`trials.TimingGate`); the proposals are the same as if it searched after.
 
 Only correct programs can be the best. Wall-clock budgets (`seconds`) end a run early and so make
 it depend on the machine's speed; the trial budget alone keeps it deterministic given the
-database's measurements.
+database's measurements. A run also ends when the search has nothing untried left (a small
+space, all measured); `ExploreResult.stop_reason` says which ended it.
 
 See docs/ARCHITECTURE.md §10 Exploration.
 """
@@ -29,16 +36,19 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import machine
+from .backend import Target
 from .db import Database
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
+from .egraph.term import vector_lanes
 from .extract import Candidate, CostModel, EvolutionarySearch, cost_model_for
 from .extract.cost import kendall, spearman
+from .extract.learned import LearnedModel
 from .ir import Program, naive_program
 from .trials import Measurer, Settings, TimingGate, Trial, has_parallel_loops
 from .workloads import get_workload
@@ -47,7 +57,8 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
     from .rules import Spec as RuleSpec
 
 DEFAULT_DB = "eqsched.db"
-__all__ = ["DEFAULT_DB", "ExploreResult", "Progress", "Round", "Settings", "Trial", "explore"]
+__all__ = ["DEFAULT_DB", "ExploreResult", "Progress", "Round", "Settings", "Trial", "explore",
+           "search_beside_measuring"]
 
 
 @dataclass
@@ -68,6 +79,7 @@ class ExploreResult:
     cost_model: str
     rules: list[str]
     budget: dict[str, Any]
+    target: str = "host"  # the spec of the target the programs were compiled for
     rounds: list[Round] = field(default_factory=list)
     best: Trial | None = None
     best_program: Program | None = None
@@ -77,6 +89,7 @@ class ExploreResult:
     space: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     interrupted: bool = False
+    stop_reason: str = ""  # why the rounds ended: a budget spent, the space exhausted, Ctrl-C
     run_id: int | None = None
     db_path: str = ""
 
@@ -94,7 +107,7 @@ class ExploreResult:
         return {
             "workload": self.workload, "size": self.size, "seed": self.seed,
             "cost_model": self.cost_model, "rules": self.rules, "budget": self.budget,
-            "trials": len(self.trials), "measured": self.measured,
+            "target": self.target, "trials": len(self.trials), "measured": self.measured,
             "best_gflops": best.gflops if best else None,
             "best_median_s": best.median_s if best else None,
             "best_hash": best.program_hash if best else None,
@@ -110,6 +123,7 @@ class ExploreResult:
                         "best_gflops": r.best_gflops, "seconds": r.seconds,
                         "trials": [asdict(t) for t in r.trials]} for r in self.rounds],
             "space": self.space, "wall_s": self.wall_s, "interrupted": self.interrupted,
+            "stop_reason": self.stop_reason,
             "run_id": self.run_id, "db": self.db_path,
         }
 
@@ -122,9 +136,11 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             cost_model: str | CostModel = "learned", rules: RuleSpec = None,
             limits: Limits | None = None,
             batch: int = 16, jobs: int = 1, settings: Settings | None = None,
-            measure_naive: bool = True, progress: Progress | None = None) -> ExploreResult:
+            target: str | Target | None = None, measure_naive: bool = True,
+            progress: Progress | None = None) -> ExploreResult:
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for
-    `trials` candidates and/or `seconds` of wall time; see the module docstring."""
+    `trials` candidates and/or `seconds` of wall time; see the module docstring. `target`, when
+    given, replaces `settings.target` ("host", "host,-avx512f", "haswell", a Target)."""
     from .rules import resolve
 
     budget = _Budget(trials, seconds, batch, started=time.perf_counter())
@@ -133,11 +149,18 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
     settings = settings or Settings()
+    if target is not None:
+        settings = replace(settings, target=target)
+    options = settings.options()
+    options.target.check_runs_here()
     say = progress or (lambda event, data: None)
     database = db if isinstance(db, Database) else Database(db)
     try:
-        model = cost_model_for(cost_model, settings.options().thread_count)
+        model = cost_model_for(cost_model, options.thread_count, options.target)
         chosen_rules = resolve(rules)
+        if isinstance(model, LearnedModel):
+            say("learning", {"stored": model.add_history(
+                database, threads=options.thread_count, target=settings.target)})
     except Exception:
         if not isinstance(db, Database):
             database.close()
@@ -145,9 +168,10 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     naive = naive_program(wl.build(*size))
     result = ExploreResult(wl.name, list(size), seed, model.name, [r.name for r in chosen_rules],
                            {"trials": trials, "seconds": seconds, "batch": batch},
-                           db_path=str(getattr(database, "path", db)))
+                           target=settings.target, db_path=str(getattr(database, "path", db)))
     say("saturating", {"workload": wl.name, "size": list(size)})
-    space, result.space = _saturate(naive, chosen_rules, limits)
+    space, result.space = _saturate(naive, chosen_rules, limits,
+                                    vector_lanes(options.target.vector_lanes))
     facts = machine.describe()  # with the measured FMA peak (once per process)
     result.run_id = database.start_run(
         workload=wl.name, size=list(size), seed=seed, budget=result.budget,
@@ -177,11 +201,12 @@ class _Budget:
         return self.seconds is not None and time.perf_counter() - self.started > self.seconds
 
 
-def _saturate(naive: Program, rules: list, limits: Limits | None
+def _saturate(naive: Program, rules: list, limits: Limits | None, lanes: tuple[int, ...]
               ) -> tuple[Space, dict[str, Any]]:
-    """The space of `naive` under `rules`, and what to report of the saturation."""
+    """The space of `naive` under `rules` (vector pieces of `lanes`), and what to report of the
+    saturation."""
     sat = saturate(naive, rules, limits)
-    space = Space(sat)
+    space = Space(sat, lanes)
     rep = sat.report
     return space, {"stop_reason": rep.stop_reason, "seconds": rep.seconds, "enodes": rep.enodes,
                    "eclasses": rep.eclasses, "programs": space.count()}
@@ -195,6 +220,15 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
     return EvolutionarySearch(
         space, model, seed=seed, wait_turn=gate.wait_turn,
         settled_s=space.naive.computation.flops / (0.5 * peak_gflops_per_core * 1e9))
+
+
+def search_beside_measuring(jobs: int, threads: int) -> bool:
+    """Whether a round is searched while the last one is measured: only when `jobs` measuring
+    at once, each on up to `threads` cores, leave a core free. The search waits while a
+    candidate is timed, but a unit of its work begun before may run into the timing; on the
+    only free core that is harmless, on one of a parallel program's cores it stalls a chunk,
+    and the whole call waits for it (a two-thread conv2d timed slower than one thread)."""
+    return jobs * threads < (os.cpu_count() or 1)
 
 
 class _Exploration:
@@ -214,7 +248,7 @@ class _Exploration:
         # While a round is measured (in worker processes) the next one is searched, so round
         # r + 1 is ranked with what rounds up to r - 1 taught the model. The search waits instead
         # when every core already measures; the proposals are the same either way.
-        self.overlap = jobs < (os.cpu_count() or 1)
+        self.overlap = search_beside_measuring(jobs, measurer.settings.options().thread_count)
         self.measuring = ThreadPoolExecutor(1)
         self.stop = threading.Event()
         self.proposed: list[tuple[Candidate, float]] = []  # the round being measured
@@ -230,9 +264,10 @@ class _Exploration:
                 self.result.naive_median_s = self.measurer.naive_median_s()
             self.rounds()
         except KeyboardInterrupt:
-            self.result.interrupted = True
-        except Exception:
-            status = "failed"  # every measurement so far is stored; the run says it did not finish
+            self.result.interrupted, self.result.stop_reason = True, "interrupted"
+        except Exception as err:
+            # Every measurement so far is stored; the run says it did not finish, and why.
+            status, self.result.stop_reason = "failed", f"failed: {type(err).__name__}: {err}"
             raise
         finally:
             self.stop_measuring()
@@ -259,10 +294,22 @@ class _Exploration:
             self.close_round(whole=True)
             finished, self.done = self.done, []
             self.report_round(finished)
-            self.proposed = upcoming
+            # A round searched while the time ran out is not measured: a run overruns its time
+            # budget by the round in flight at most.
+            self.proposed = [] if self.budget.out_of_time() else upcoming
             self.round_index, self.round_started = self.round_index + 1, time.perf_counter()
+        self.result.stop_reason = self.why_stopped()
         if len(self.result.trials) < self.budget.trials and not self.budget.out_of_time():
-            self.say("exhausted", {"trials": len(self.result.trials)})
+            self.say("exhausted", {"trials": len(self.result.trials),
+                                   "reason": self.result.stop_reason})
+
+    def why_stopped(self) -> str:
+        """Why the rounds ended: a budget is spent, or the search has nothing untried left."""
+        if len(self.result.trials) >= self.budget.trials:
+            return f"the trial budget ({self.budget.trials}) is spent"
+        if self.budget.out_of_time():
+            return f"the time budget ({self.budget.seconds:g} s) is spent"
+        return self.search.exhausted
 
     def next_batch(self, planned: int) -> list[tuple[Candidate, float]]:
         """The next round's proposals, with `planned` trials not yet in the result."""
@@ -336,7 +383,8 @@ class _Exploration:
 
 
 _SUMMARY = ("trials", "measured", "best_gflops", "best_median_s", "best_hash", "wall_s",
-            "naive_median_s", "peak_gflops", "percent_of_peak", "speedup_over_naive", "space")
+            "naive_median_s", "peak_gflops", "percent_of_peak", "speedup_over_naive", "space",
+            "stop_reason")
 
 
 def _summary(result: ExploreResult) -> dict[str, Any]:

@@ -312,12 +312,15 @@ def _check_loop_kind(prog: Program, lp: Loop, path: tuple, where: dict[str, Site
                 raise ScheduleError(
                     f"vectorized loop {lp.name} is reduce axis {bound[0]} of block {blk.name}"
                 )
+            # Lanes must store distinct elements: a contiguous store, or a scatter (a local
+            # tile's write-back to an output whose innermost axis is not the vector axis).
             store = accesses(where[blk.name])[0]
             step = address_coeff(store, prog.buffer(blk.buffer).shape, lp.name)
-            if step != 1:
+            if not step:
                 raise ScheduleError(
                     f"vectorized loop {lp.name}: block {blk.name} stores {store.text} with stride "
-                    f"{'unknown' if step is None else step}, not 1"
+                    f"{'unknown' if step is None else step}: its lanes would not store distinct "
+                    "elements"
                 )
 
 

@@ -38,7 +38,14 @@ from .ir import (
     nest,
     walk,
 )
-from .legality import ScheduleError, check_program, loop_binding, reduce_loops, sites
+from .legality import (
+    MAX_UNROLL,
+    ScheduleError,
+    check_program,
+    loop_binding,
+    reduce_loops,
+    sites,
+)
 from .te import Axis
 
 # Parameter names of each primitive, as they appear in a trace step's "args".
@@ -84,8 +91,10 @@ class Schedule:
         return json.loads(json.dumps(self._trace))
 
     @staticmethod
-    def replay(program: Program, steps: list[dict]) -> Schedule:
-        sch = Schedule(program)
+    def replay(program: Program, steps: list[dict], *, checked: bool = True) -> Schedule:
+        """`steps` applied to `program`; `checked=False` for a trace already checked when it was
+        recorded (a learned model replays every stored measurement: a fifth of the time)."""
+        sch = Schedule(program, checked=checked)
         for n, step in enumerate(_validated_steps(steps)):
             args = step["args"]
             try:
@@ -331,7 +340,14 @@ class Schedule:
         copy_blk = Block(packed, packed, axes,
                          tuple(Binding(a.name, ((f"{packed}.{a.name}", 1),)) for a in axes),
                          packed, tuple(p), Load(buffer, tuple(source)))
-        copy_nest = nest([(f"{packed}.{a.name}", a.extent, LoopKind.SERIAL) for a in axes],
+        # Packing along an outer dimension transposes: each panel row gathers `factor` elements
+        # a whole row of `buffer` apart. Unrolled, those loads issue together instead of one per
+        # loop iteration behind the store before it (docs/ARCHITECTURE.md §17.6); packing along
+        # the innermost dimension copies contiguous runs and stays a loop.
+        kinds = [LoopKind.SERIAL] * len(axes)
+        if dim != len(shape) - 1 and factor <= MAX_UNROLL:
+            kinds[-1] = LoopKind.UNROLL
+        copy_nest = nest([(f"{packed}.{a.name}", a.extent, kind) for a, kind in zip(axes, kinds)],
                          (copy_blk,))
 
         def repack(e: Expr) -> Expr | None:

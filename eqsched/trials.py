@@ -4,11 +4,11 @@ measurement is stored and looked up in the database, and measuring or looking up
     measurer = Measurer(database, "matmul", [64, 64, 64], naive, Settings(), run_id, TimingGate())
     trial = measurer.trial(candidate, predicted_s, round_index)   # a Trial, stored at once
 
-A candidate is looked up in the database first (same workload, program and machine: its stored
-measurement is used, nothing is run) and otherwise measured in a worker process (`runner.measure`),
-checked against the numpy reference before it is timed, and stored at once with its trace. A
-candidate whose trace cannot be derived is never run: it is recorded as an error, since only
-replayable programs may be reported.
+A candidate is looked up in the database first (same workload, program, machine and target: its
+stored measurement is used, nothing is run) and otherwise measured in a worker process
+(`runner.measure`), checked against the numpy reference before it is timed, and stored at once
+with its trace and target. A candidate whose trace cannot be derived is never run: it is recorded
+as an error, since only replayable programs may be reported.
 
 `TimingGate` counts the candidates being timed; a search that calls its `wait_turn` between small
 units of work never runs while one is (explore's search runs beside the measurements).
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .backend import CompileOptions
+from .backend import CompileOptions, Target
 from .db import Database, Record
 from .egraph.derive import DeriveError
 from .egraph.term import Sizes, Term, show
@@ -45,9 +45,16 @@ class Settings:
     timeout_s: float = 120.0  # per candidate: compile, check and timing together
     input_seed: int = 0
     threads: int | None = None  # for parallel loops; None: every core (1: a one-core result)
+    # What the code is compiled for, as `Target.parse` reads it ("host", "host,-avx512f",
+    # "haswell", or a Target); kept as its normalized spec, which names it in the database.
+    target: str = "host"
+
+    def __post_init__(self) -> None:
+        # A target LLVM does not know is refused here (TargetError), before anything runs.
+        self.target = Target.parse(self.target).spec
 
     def options(self) -> CompileOptions:
-        return CompileOptions(threads=self.threads)
+        return CompileOptions(threads=self.threads, target=Target.parse(self.target))
 
     def measure(self, program: Program, *, worker: int = 0,
                 on_timing: Callable[[bool], None] | None = None) -> Measurement:
@@ -134,13 +141,14 @@ class Measurer:
         """The candidate's stored measurement, or a new one (in worker process `worker`),
         stored at once."""
         key = measurement_key(cand.program, self.settings)
-        stored = self.database.lookup(self.workload, self.size, key)
+        stored = self.database.lookup(self.workload, self.size, key, self.settings.target)
         if stored is not None:
             return Trial(round_index, cand.hash, show(cand.term), predicted_s, stored.median_s,
                          stored.gflops, stored.correct, stored.error, cached=True)
         trace, m = self._measure(cand, worker)
         record = record_of(self.workload, self.size, key, cand.term, cand.sizes, trace, m,
-                           predicted_s=predicted_s, round=round_index, run_id=self.run_id)
+                           predicted_s=predicted_s, round=round_index, run_id=self.run_id,
+                           target=self.settings.target)
         self.database.add(record)
         return Trial(round_index, cand.hash, record.structure, predicted_s, m.median_s, m.gflops,
                      m.correct, record.error, cached=False)
@@ -156,8 +164,10 @@ class Measurer:
                                             on_timing=self.gate.on_timing)
 
     def naive_median_s(self) -> float | None:
-        """The naive program's median time (for the speedup), measured once per machine."""
-        stored = self.database.lookup(self.workload, self.size, self.naive.hash())
+        """The naive program's median time (for the speedup), measured once per machine and
+        target."""
+        stored = self.database.lookup(self.workload, self.size, self.naive.hash(),
+                                      self.settings.target)
         if stored is None:
             s = self.settings
             m = measure(self.naive, repeats=1, warmup=0, timeout_s=s.timeout_s,
@@ -165,6 +175,7 @@ class Measurer:
             stored = Record(workload=self.workload, size=list(self.size),
                             program_hash=self.naive.hash(), structure="naive", sizes={}, trace=[],
                             times=m.times, median_s=m.median_s, gflops=m.gflops,
-                            correct=m.correct, error=m.error, run_id=self.run_id)
+                            correct=m.correct, error=m.error, run_id=self.run_id,
+                            target=s.target)
             self.database.add(stored)
         return stored.median_s if stored.correct else None

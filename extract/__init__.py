@@ -6,9 +6,10 @@
 
 - `cost`: the CostModel interface (one method, `predict`; learners also `update`), the registry
   (`get_cost_model(name or object)`), a random baseline, rank correlations.
-- `analytic`: a cycle model of this CPU (ports, FMA latency, register tiles, cache reuse).
-- `features` + `learned`: program features and a ridge model on them, fitted online to this
-  run's measurements around the analytic prior (used only when it ranks them better).
+- `analytic`: a cycle model of one core (ports, FMA latency, register tiles, cache reuse) whose
+  hardware numbers come from the target's calibrated `eqsched.machine_model.MachineModel`.
+- `features` + `learned`: program features and LightGBM ranking trees on them, trained on this
+  machine's stored measurements and the run's (the analytic prior until they rank better).
 - `search`: an evolutionary search over a walk's choices of e-nodes and tile sizes.
 - `baseline`: egglog's own extractor (smallest term), the yardstick for the search.
 A new cost model is one file: subclass `CostModel`, decorate it with `@register`.
@@ -16,18 +17,24 @@ A new cost model is one file: subclass `CostModel`, decorate it with `@register`
 See docs/ARCHITECTURE.md §8 Cost models.
 """
 
+from eqsched.backend import Target
+from eqsched.machine_model import machine_model
+
 from . import learned  # noqa: F401  (importing a model's module registers it)
 from .analytic import AnalyticModel
 from .cost import COST_MODELS, CostModel, CostModelError, get_cost_model, register
 from .search import Candidate, EvolutionarySearch
 
 
-def cost_model_for(spec: str | CostModel, threads: int) -> CostModel:
-    """A model by name or object; the built-in models predict for the measured thread count."""
+def cost_model_for(spec: str | CostModel, threads: int,
+                   target: Target | None = None) -> CostModel:
+    """A model by name or object; the built-in models predict for the measured thread count on
+    `target` (default: the host), from its calibrated machine model."""
     if spec == "analytic":
-        return AnalyticModel(threads=threads)
+        return AnalyticModel(machine_model(target), threads=threads)
     if spec == "learned":
-        return get_cost_model("learned", prior=AnalyticModel(threads=threads))
+        return get_cost_model("learned", prior=AnalyticModel(machine_model(target),
+                                                             threads=threads))
     return get_cost_model(spec)
 
 

@@ -1,48 +1,56 @@
-"""The analytic cost model: predicted seconds of a loop program from a model of one Zen 4 core.
+"""The analytic cost model: predicted seconds of a loop program from a model of one core, whose
+hardware numbers all come from a `MachineModel` (eqsched.machine_model: the target's vector width
+and registers, measured throughputs, latencies and bandwidths).
 
-    model = AnalyticModel()                      # caches from eqsched.machine, 32 flop/cycle
+    model = AnalyticModel()                      # the host target's calibrated machine model
+    model = AnalyticModel(machine_model(Target.parse("host,-avx512f")), threads=2)
     seconds = model.predict([prog_a, prog_b])    # ranks candidates; no measurement needed
     model.breakdown(prog_a)["l2_fill"]           # the named terms behind one prediction
 
 Each block is costed where it sits, then the blocks are summed (a program runs its nests one
-after the other). Per block, in cycles:
+after the other). Per block, in cycles of the machine model's reference clock:
 
-    compute  = ALU units / 2         a 512-bit op is two 256-bit units; two units issue a cycle
-    loads    = load units / 2        contiguous vector loads, broadcasts, gathers (one per lane)
-    stores   = store units / 1
-    issue    = instructions / 4      loop bookkeeping included; fewer per cycle in huge bodies
-    latency  = updates per accumulator * 4, when the accumulator is carried through the block's
-               innermost serial loop (fewer than ~4 zmm accumulators stall on FMA latency);
-               3 per update when it is not, and so updated in memory
-    X_fill   = cache lines brought into level X * cycles per line  (l1_fill, l2_fill, dram)
+    compute  = vector ops x cycles per op        FMA throughput at the op's width (full or half)
+    loads    = loads x cycles per load           contiguous vector loads, broadcasts, gathers
+                                                 (a scalar load per lane)
+    stores   = stores x cycles per store         contiguous vector stores, scatters (a scalar
+                                                 store per lane)
+    issue    = instructions / issue width        loop bookkeeping included; a body too big for
+                                                 the L1i issues at LEGACY_DECODE_SHARE of it
+    latency  = updates per accumulator * FMA latency, when the accumulator is carried through the
+               block's innermost serial loop (too few accumulators stall on FMA latency);
+               RMW_CYCLES per update when it is not, and so updated in memory
+    X_fill   = cache lines brought into level X * cycles per line from the level below, at the
+               bandwidth one core gets while the nest's threads stream at once
+               (l1_fill, l2_fill, dram)
     block    = (sum(term ** 4)) ** (1/4) + spills    a soft maximum: saturated resources overlap
 
 Every operation runs once per iteration of the innermost serial loop it depends on, and once per
 unrolled copy it depends on: that is LLVM's loop-invariant code motion (an accumulator invariant
 in the innermost loop is promoted to a register, an invariant load or exp is hoisted) and CSE
 across unrolled copies (A[i, k] under an unrolled j is loaded once), as long as the loads
-hoisted out of the innermost serial loop fit in 16 registers; past that they are re-loaded in
-it, as LLVM does (B[k, j] invariant in i but unrolled 16 x 4 zmm). An operation that does not
-depend on the vectorized loop is scalar (a broadcast, for loads). A vector access whose lanes
-are not contiguous is a gather (a load per lane, never hoisted); an index that is not affine
-(a packed panel narrower than the vector) costs scalar integer code per lane. A local tile
-whose accesses depend on unrolled and vectorized loops only lives in registers. Accumulators
-kept in registers (carried through the innermost serial loop, or through unrolled copies of a
-loop they do not depend on) spill beyond 31 registers (operands need none: FMAs read them from
-memory).
+hoisted out of the innermost serial loop fit in HOISTED_SHARE of the registers; past that they
+are re-loaded in it, as LLVM does (B[k, j] invariant in i but unrolled 16 x 4 vectors). An
+operation that does not depend on the vectorized loop is scalar (a broadcast, for loads). A
+vector access whose lanes are not contiguous is a gather (a load per lane, never hoisted); an
+index that is not affine (a packed panel narrower than the vector) costs scalar integer code per
+lane. A local tile whose accesses depend on unrolled and vectorized loops only lives in
+registers. Accumulators kept in registers (carried through the innermost serial loop, or through
+unrolled copies of a loop they do not depend on) spill beyond the register file less one
+(operands need none: FMAs read them from memory).
 
 Cache traffic is the classic reuse model: for each access and level, find the outermost loop
 whose body's footprint (distinct lines per buffer, from index strides and extents) fits the
 level; the loop just outside it reuses lines between consecutive iterations, loops further out
 bring everything again. A working set up to twice a level's share is blended between the two
 cases (LRU keeps part of it); a program whose whole footprint fits a level stays warm between
-calls. Lines at a power-of-two stride crowd into few L1 sets; lines fetched a part at a time,
-1 KiB or more apart (a column walk), cost STRIDED_FILL times more: no prefetcher follows them.
-A parallel root loop divides its nest among `threads` cores.
+calls. Lines at a power-of-two stride crowd into few L1 sets (the L1's sets and ways are the
+machine's); lines fetched a part at a time, STRIDED_BYTES or more apart (a column walk), cost the
+machine's measured `strided_fill` times more: no prefetcher follows them. A parallel root loop
+divides its nest among `threads` cores, which share each level's bandwidth as calibrated.
 
-The numbers are a Zen 4 core's: 1 zmm FMA per cycle and latency 4, 2 loads and 1 store of 256
-bits per cycle, L2->L1 32 B/cycle, L3->L2 16 B/cycle, DRAM ~20 GB/s; 3.6 GHz unless
-`peak_gflops` says otherwise. The latency was measured (docs/ARCHITECTURE.md §17.1).
+No hardware number lives here: the constants below are modelling choices (how terms combine,
+what LLVM does with our code) and a few fitted costs of code shapes, in reference cycles.
 
 See docs/ARCHITECTURE.md §8 Cost models.
 """
@@ -59,38 +67,32 @@ import numpy as np
 from eqsched.affine import AffineError
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope
-from eqsched.machine import cache_sizes
+from eqsched.machine_model import MachineModel, machine_model
 
 from .cost import CostModel, register
 
-FLOP_PER_CYCLE = 32  # Zen 4: one 512-bit FMA (two 256-bit halves) per cycle
-DEFAULT_GHZ = 3.6
-LINE_ELEMS = 16  # float32 per 64-byte line
-UNIT_LANES, ZMM_LANES = 8, 16
-ALU_PER_CYCLE, LOADS_PER_CYCLE, STORES_PER_CYCLE = 2.0, 2.0, 1.0  # 256-bit units
-ISSUE_WIDTH, BIG_BODY_ISSUE_WIDTH, BIG_BODY = 4.0, 2.5, 6000  # instructions; L1i holds ~6000
-FMA_LATENCY = 4
+# Modelling choices, not hardware numbers (those come from the MachineModel):
+LOOP_INSTRUCTIONS = 2  # increment, compare-and-branch
+GATHER_ALU = 2  # per gathered vector, besides one scalar load per lane
+IRREGULAR_INDEX_OPS = 10  # scalar integer ops per lane of an index that is not affine
+REGISTER_TILE_ELEMS = 1024  # larger local tiles are not split into registers (LLVM's SROA)
+HOISTED_SHARE = 0.5  # of the vector registers: loads hoisted out of the innermost serial loop
+INSTRUCTION_BYTES = 5.5  # a vector instruction's average encoding: a body past L1i / this
+LEGACY_DECODE_SHARE = 0.625  # runs from the decoders, at this share of the issue width
+STRIDED_BYTES = 1024  # jumps of this size per step defeat the prefetchers
+SOFT_MAX_POWER = 4  # how saturated resources overlap
+CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks thousands)
+# Costs of code shapes the calibration does not measure, in reference cycles: fitted once to
+# measured programs (docs/ARCHITECTURE.md §17.4) and small next to the throughput terms.
 RMW_CYCLES = 3.0  # an accumulator updated in memory each iteration: load, FMA, store
-REGISTERS = 32
-HOISTED_REGISTERS = 16  # loads hoisted out of the innermost serial loop; the rest hold the tile
-REGISTER_TILE_ELEMS = 1024  # larger local tiles are not split into registers
 SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
 LOOP_ENTRY_CYCLES = 3.0
-LOOP_INSTRUCTIONS = 2  # increment, compare-and-branch
-GATHER_ALU = 2  # per gathered vector, besides one load unit per lane
-IRREGULAR_INDEX_OPS = 10  # scalar integer ops per lane of an index that is not affine
-L1_SETS, L1_WAYS = 64, 8
-STRIDED_FILL, STRIDED_BYTES = 6.0, 1024  # jumps of this size per step defeat the prefetchers
-PARALLEL_CALL_SECONDS = 5e-6
-SOFT_MAX_POWER = 4
-CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks thousands)
-# Per level: cycles per 64-byte line brought in (L2 -> L1 at 32 B/cycle, L3 -> L2 at 16 B/cycle,
-# DRAM -> L3 at ~20 GB/s), and the share of the level a working set may fill before conflicts
-# and other data evict it.
-FILL_CYCLES = {"l1_fill": 2.0, "l2_fill": 4.0, "dram": 11.5}
+PARALLEL_CALL_SECONDS = 5e-6  # the backend's thread pool hands out a parallel loop's chunks
+# Per fill term: the level whose capacity holds the working set and the level its lines come
+# from, and the share of the level a working set may fill before conflicts and other data evict
+# it.
+FILLS = {"l1_fill": ("L1d", "L2"), "l2_fill": ("L2", "L3"), "dram": ("L3", "DRAM")}
 CACHE_SHARE = {"l1_fill": 0.75, "l2_fill": 0.75, "dram": 0.5}
-CACHE_OF = {"l1_fill": "L1d", "l2_fill": "L2", "dram": "L3"}
-DEFAULT_CACHES = {"L1d": 32768, "L2": 1048576, "L3": 33554432}
 # ALU ops per evaluation; exp/log/tanh are the backend's straight-line vector math.
 OP_COST = {"+": 1, "-": 1, "*": 1, "/": 5, "max": 2, "min": 2}
 CALL_COST = {"exp": 30, "log": 38, "tanh": 50, "sqrt": 6, "abs": 1, "neg": 1}
@@ -116,7 +118,7 @@ class _Footprint:
     access: _Access
     lines: tuple[float, ...]
     l1_pressure: tuple[float, ...]
-    fill_cost: float  # STRIDED_FILL when the access strides through memory, else 1
+    strided: bool  # fetched a part of a line at a time, far apart: no prefetcher follows
 
 
 @dataclass(frozen=True)
@@ -129,19 +131,17 @@ class _Profile:
 
 @register
 class AnalyticModel(CostModel):
-    """Predicts seconds from a model of one core (the module docstring has the formula)."""
+    """Predicts seconds from a model of one core (the module docstring has the formula);
+    `machine` gives every hardware number (default: the calibrated host)."""
 
     name = "analytic"
 
-    def __init__(self, caches: dict | None = None, peak_gflops: float | None = None,
-                 threads: int = 1):
+    def __init__(self, machine: MachineModel | None = None, threads: int = 1):
         if threads < 1:
             raise ValueError(f"threads must be a positive count, got {threads}")
-        given = caches if caches is not None else cache_sizes() or DEFAULT_CACHES
-        self.caches = {level: int(given.get(level, size)) for level, size in
-                       DEFAULT_CACHES.items()}
-        self.peak_gflops = peak_gflops or FLOP_PER_CYCLE * DEFAULT_GHZ
-        self.hz = self.peak_gflops * 1e9 / FLOP_PER_CYCLE
+        self.machine = machine or machine_model()
+        self.hz = self.machine.hz
+        self.peak_gflops = self.machine.peak_gflops
         self.threads = threads
         self._profiles: dict[tuple, _Profile] = {}
 
@@ -156,16 +156,20 @@ class AnalyticModel(CostModel):
         profiles = {name: self._profile(prog, blk, loops, in_registers)
                     for name, (blk, loops) in sites.items()}
         footprints = {l1: _footprints(sites, profiles, l1) for l1 in (True, False)}
+        machine = self.machine
         for root in prog.body:
             share = self._share(root)
+            parallel = isinstance(root, Loop) and root.kind == LoopKind.PARALLEL
+            streaming = self.threads if parallel else 1  # cores sharing the bandwidth
             for name in _blocks_under(root):
                 loops, profile = sites[name][1], profiles[name]
                 terms = dict(profile.cycles)
-                for key, level in CACHE_OF.items():
-                    capacity = self.caches[level] * CACHE_SHARE[key] / 64
+                for key, (level, source) in FILLS.items():
+                    capacity = machine.caches[level] * CACHE_SHARE[key] / machine.line_bytes
                     footprint = footprints[key == "l1_fill"]
-                    terms[key] = FILL_CYCLES[key] * sum(
-                        _traffic(fp, loops, footprint, capacity) for fp in profile.footprints)
+                    terms[key] = machine.fill_cycles(source, streaming) * sum(
+                        _traffic(fp, loops, footprint, capacity, machine.strided_fill)
+                        for fp in profile.footprints)
                 cycles = _soft_max([terms[k] for k in THROUGHPUT_KEYS]) + terms["spills"]
                 for key in THROUGHPUT_KEYS + ("spills",):
                     out[key] += terms[key] * share / self.hz
@@ -175,7 +179,7 @@ class AnalyticModel(CostModel):
             overhead = _loop_entries(root) * LOOP_ENTRY_CYCLES * share / self.hz
             out["loop_overhead"] += overhead
             out["total"] += overhead
-            if isinstance(root, Loop) and root.kind == LoopKind.PARALLEL:
+            if parallel:
                 out["parallel"] += PARALLEL_CALL_SECONDS
         out["total"] += out["parallel"] + 1e-9  # an empty program still costs a call
         return out
@@ -195,7 +199,7 @@ class AnalyticModel(CostModel):
         if key not in self._profiles:
             if len(self._profiles) >= CACHED_PROFILES:
                 self._profiles.clear()
-            self._profiles[key] = _BlockCoster(blk, loops, buffers).profile()
+            self._profiles[key] = _BlockCoster(blk, loops, buffers, self.machine).profile()
         return self._profiles[key]
 
 
@@ -265,8 +269,10 @@ def _register_tiles(prog: Program, sites: dict) -> frozenset[str]:
 class _BlockCoster:
     """Counts one block's operations where LLVM places them (see the module docstring)."""
 
-    def __init__(self, blk: Block, loops: tuple[Loop, ...], buffers: tuple):
-        self.blk, self.loops = blk, loops
+    def __init__(self, blk: Block, loops: tuple[Loop, ...], buffers: tuple,
+                 machine: MachineModel):
+        self.blk, self.loops, self.machine = blk, loops, machine
+        self.line_elems = machine.line_bytes // 4  # float32
         self.shape = {name: shape for name, shape, _, _ in buffers}
         self.local = {name for name, _, local, _ in buffers if local}
         self.registers = {name for name, _, _, in_regs in buffers if in_regs}
@@ -278,7 +284,8 @@ class _BlockCoster:
         self.lanes = loops[self.vec].extent if vec else 1
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
-        self.units = dict.fromkeys(("compute", "loads", "stores", "instructions"), 0.0)
+        self.cycles = dict.fromkeys(("compute", "loads", "stores"), 0.0)
+        self.instructions = 0.0
         self.hoisted_registers = 0
 
     def profile(self) -> _Profile:
@@ -293,6 +300,12 @@ class _BlockCoster:
         else:
             self._value(blk.value)
         latency = spills = 0.0
+        # A vector store whose lanes are not contiguous is a scatter: a scalar store per lane
+        # (and, for an accumulation, a gather before it).
+        lane_stride = dict(store.strides).get(self.vec, 0) if self.vec is not None else 0
+        scattered = lane_stride not in (0, 1)
+        per_lane = {port: self.lanes * self.machine.op_cycles(port, 1) if scattered else 0
+                    for port in ("loads", "stores")}
         if blk.reduce is not None:
             self._op("compute", OP_COST["max" if blk.reduce == "max" else "+"], everywhere)
             chains = math.prod(lp.extent for d, lp in enumerate(self.loops)
@@ -303,27 +316,28 @@ class _BlockCoster:
             live = any(d > self.innermost and d not in deps and lp.kind == LoopKind.UNROLL
                        for d, lp in enumerate(self.loops))
             if store.buffer not in self.registers:  # promoted out of the loops it is invariant in
-                self._op("loads", 1, deps)
-                self._op("stores", 1, deps)
-                if self.innermost in deps:  # updated in memory, reloaded after its store
-                    latency = self._count(deps) * RMW_CYCLES
-            if self.innermost >= 0 and self.innermost not in deps:  # carried through the loop
-                latency = self._count(everywhere) / chains * FMA_LATENCY
+                # ... unless scattered: LICM promotes no gather or scatter, so it runs per point
+                placed = everywhere if scattered else deps
+                self._op("loads", 1, placed, per_lane["loads"])
+                self._op("stores", 1, placed, per_lane["stores"])
+                if self.innermost in placed:  # updated in memory, reloaded after its store
+                    latency = self._count(placed) * RMW_CYCLES
+            if self.innermost >= 0 and self.innermost not in deps and not scattered:
+                latency = self._count(everywhere) / chains * self.machine.fma_latency  # carried
                 live = True
-            excess = chains * self._registers(deps) + 1 - REGISTERS
+            excess = chains * self._registers(deps) + 1 - self.machine.vector_registers
             if live and excess > 0:
                 once, each = SPILL_CYCLES
                 spills = (once + each * excess) * self._iterations()
         elif store.buffer not in self.registers:
-            self._op("stores", 1, everywhere)
-        self.units["instructions"] += LOOP_INSTRUCTIONS * self._iterations()
-        body = self.units["instructions"] / max(self._iterations(), 1)
-        width = ISSUE_WIDTH if body <= BIG_BODY else BIG_BODY_ISSUE_WIDTH
-        cycles = {"compute": self.units["compute"] / ALU_PER_CYCLE,
-                  "loads": self.units["loads"] / LOADS_PER_CYCLE,
-                  "stores": self.units["stores"] / STORES_PER_CYCLE,
-                  "issue": self.units["instructions"] / width,
-                  "latency": latency, "spills": spills}
+            self._op("stores", 1, everywhere, per_lane["stores"])
+        self.instructions += LOOP_INSTRUCTIONS * self._iterations()
+        body = self.instructions / max(self._iterations(), 1)
+        width = self.machine.issue_width
+        if body > self.machine.caches["L1i"] / INSTRUCTION_BYTES:
+            width *= LEGACY_DECODE_SHARE
+        cycles = {**self.cycles, "issue": self.instructions / width, "latency": latency,
+                  "spills": spills}
         return _Profile(cycles, self._footprints(store))
 
     # ---- placement ---------------------------------------------------------------------------
@@ -347,13 +361,13 @@ class _BlockCoster:
         return self.lanes if self.vec is not None and self.vec in deps else 1
 
     def _registers(self, deps: frozenset[int]) -> int:
-        return math.ceil(self._width(deps) / ZMM_LANES)
+        return self.machine.instructions(self._width(deps))
 
-    def _op(self, port: str, ops: float, deps: frozenset[int], units_per_op: float = 0) -> None:
+    def _op(self, port: str, ops: float, deps: frozenset[int], cycles_per_op: float = 0) -> None:
         count = self._count(deps) * ops
         width = self._width(deps)
-        self.units[port] += count * (units_per_op or math.ceil(width / UNIT_LANES))
-        self.units["instructions"] += count * math.ceil(width / ZMM_LANES)
+        self.cycles[port] += count * (cycles_per_op or self.machine.op_cycles(port, width))
+        self.instructions += count * self.machine.instructions(width)
 
     # ---- expressions -------------------------------------------------------------------------
 
@@ -398,10 +412,10 @@ class _BlockCoster:
         placed = frozenset(range(len(self.loops))) if gather else deps
         if not access.regular:  # integer code per lane: x86 has no vector i64 division
             count = self._count(placed) * IRREGULAR_INDEX_OPS * self._width(deps)
-            self.units["compute"] += count
-            self.units["instructions"] += count
-        if gather:
-            self._op("loads", 1, placed, units_per_op=self.lanes)  # a load per lane
+            self.cycles["compute"] += count * self.machine.op_cycles("compute", 1)
+            self.instructions += count
+        if gather:  # a scalar load per lane
+            self._op("loads", 1, placed, self.lanes * self.machine.op_cycles("loads", 1))
             self._op("compute", GATHER_ALU, placed)
         else:
             self._op("loads", 1, self._hoisted(deps))
@@ -415,7 +429,8 @@ class _BlockCoster:
         copies = math.prod(lp.extent for d, lp in enumerate(self.loops)
                            if d > self.innermost and d in deps and lp.kind == LoopKind.UNROLL)
         self.hoisted_registers += copies * self._registers(deps)
-        return deps if self.hoisted_registers <= HOISTED_REGISTERS else deps | {self.innermost}
+        room = self.machine.vector_registers * HOISTED_SHARE
+        return deps if self.hoisted_registers <= room else deps | {self.innermost}
 
     def _access(self, buffer: str, indices: tuple[Expr, ...], written: bool) -> _Access:
         dims = self.shape[buffer]
@@ -427,7 +442,8 @@ class _BlockCoster:
                     flat[loop] += c * stride
         except AffineError:
             used = self._loops_of(indices)
-            return _Access(buffer, written, tuple((d, LINE_ELEMS) for d in sorted(used)), False)
+            return _Access(buffer, written, tuple((d, self.line_elems) for d in sorted(used)),
+                           False)
         return _Access(buffer, written, tuple(sorted((d, c) for d, c in flat.items() if c)), True)
 
     def _affine(self, e: Expr) -> tuple[dict[int, int], int]:
@@ -492,7 +508,8 @@ class _BlockCoster:
         for d in range(len(self.loops) - 1, -1, -1):
             if d in strides:
                 terms.append((abs(strides[d]), self.loops[d].extent))
-                lines[d], pressure[d] = _lines_touched(terms)
+                lines[d], pressure[d] = _lines_touched(terms, self.line_elems,
+                                                       self.machine.l1_sets, self.machine.l1_ways)
             else:
                 lines[d], pressure[d] = lines[d + 1], pressure[d + 1]
         serial = [d for d in strides if _is_serial(self.loops[d])]
@@ -500,10 +517,9 @@ class _BlockCoster:
         if serial and abs(strides[max(serial)]) * 4 >= STRIDED_BYTES:
             # Part of a line per visit: the prefetchers see no stream, each line is a miss.
             run = 1 + sum(abs(c) * (self.loops[d].extent - 1) for d, c in strides.items()
-                          if d > max(serial) and abs(c) <= LINE_ELEMS)
-            strided = run < LINE_ELEMS
-        return _Footprint(access, tuple(lines), tuple(pressure),
-                          STRIDED_FILL if strided else 1.0)
+                          if d > max(serial) and abs(c) <= self.line_elems)
+            strided = run < self.line_elems
+        return _Footprint(access, tuple(lines), tuple(pressure), strided)
 
 
 def _loads(e: Expr) -> list[Load]:
@@ -516,7 +532,8 @@ def _loads(e: Expr) -> list[Load]:
     return []
 
 
-def _lines_touched(terms: list[tuple[int, int]]) -> tuple[float, float]:
+def _lines_touched(terms: list[tuple[int, int]], line_elems: int, l1_sets: int,
+                   l1_ways: int) -> tuple[float, float]:
     """Distinct cache lines an access touches while loops with (flat stride, extent) run, and
     their L1 pressure.
 
@@ -530,23 +547,23 @@ def _lines_touched(terms: list[tuple[int, int]]) -> tuple[float, float]:
     for stride, extent in sorted(terms):
         if extent <= 1:
             continue
-        if not copies and stride <= max(run, LINE_ELEMS):
+        if not copies and stride <= max(run, line_elems):
             run += stride * (extent - 1)
         elif copies and stride < copies[-1][0] * copies[-1][1]:
             last = copies[-1]
             last[1] = (last[0] * (last[1] - 1) + stride * (extent - 1)) // last[0] + 1
         else:
             copies.append([stride, extent])
-    per_run = 1 + (run - 1) / LINE_ELEMS
+    per_run = 1 + (run - 1) / line_elems
     lines = per_run * math.prod(count for _, count in copies)
     if not copies:
         return lines, lines
     sets = math.ceil(per_run)
     for stride, count in copies:  # repeats a multiple of 4 KiB apart share their sets
-        sets *= min(count, L1_SETS // math.gcd(stride // LINE_ELEMS, L1_SETS)) \
-            if stride % LINE_ELEMS == 0 else count
-    sets = min(L1_SETS, sets)
-    return lines, lines * L1_SETS / sets if lines / sets > L1_WAYS else lines
+        sets *= min(count, l1_sets // math.gcd(stride // line_elems, l1_sets)) \
+            if stride % line_elems == 0 else count
+    sets = min(l1_sets, sets)
+    return lines, lines * l1_sets / sets if lines / sets > l1_ways else lines
 
 
 def _soft_max(terms: list[float]) -> float:
@@ -575,16 +592,16 @@ def _footprints(sites: dict, profiles: dict, l1: bool) -> dict[str, float]:
 
 
 def _traffic(fp: _Footprint, loops: tuple[Loop, ...], footprint: dict[str, float],
-             capacity: float) -> float:
+             capacity: float, strided_fill: float) -> float:
     """Lines an access brings into a level of `capacity` lines (twice that when it writes),
-    weighted by their fill cost."""
+    weighted by their fill cost (`strided_fill` per line of a strided access)."""
     fits = next((d for d, lp in enumerate(loops) if footprint[lp.name] <= capacity), len(loops))
     moved = _moved(fp, loops, footprint, capacity, fits)
     outside = footprint[loops[fits - 1].name] if fits else footprint[""]
     if capacity < outside < 2 * capacity:  # LRU keeps part of a working set a bit too large
         share = (outside - capacity) / capacity
         moved = share * moved + (1 - share) * _moved(fp, loops, footprint, capacity, fits - 1)
-    return moved * (2 if fp.access.written else 1) * fp.fill_cost
+    return moved * (2 if fp.access.written else 1) * (strided_fill if fp.strided else 1.0)
 
 
 def _moved(fp: _Footprint, loops: tuple[Loop, ...], footprint: dict[str, float],

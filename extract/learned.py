@@ -1,32 +1,37 @@
-"""A cost model learned from measurements: ridge regression of log time on program features,
-anchored at a prior model and used only where it ranks better than the prior.
+"""A cost model learned from measurements: gradient-boosted trees (LightGBM) that rank programs,
+trained on every measurement of this machine (all runs and workloads in the database) plus the
+current run's, and used only where a held-out check says they rank better than the prior.
 
-Until `min_samples` programs are measured it predicts exactly what its prior (the analytic model
-by default) predicts. From then on it fits
+Inputs are `features(prog)` and the log of the prior's prediction (the analytic model by
+default). The trees are trained with LightGBM's lambdarank objective, one query group per
+problem (a workload at one size): only the order of programs within a problem is learned, since
+that is all the search asks and times of different problems differ mostly by their work. The
+relevance of a program is its rank within its group, in RELEVANCE_LEVELS quantiles (fastest
+highest); every pair of a group counts (no NDCG truncation), so the whole order is learned, with
+the fast end weighted most.
 
-    log(seconds) = log(prior) + b + w . z
+Until `min_samples` measurements (MIN_SAMPLES = 64 by default: below it a held-out fifth has
+too few programs per problem to tell a fit from noise; in the learning curves of
+`eqsched experiment ranking --curves` trees on fewer measurements of a workload ranked its
+held-out programs worse than the prior, docs/ARCHITECTURE.md §17.4) the model predicts exactly
+the prior. From then on, each refit
+first trains on four fifths of the rows (chosen by a hash of each program and the seed) and
+scores the other fifth: the mean over problems of the Spearman correlation of the trees' order
+with the measured order, against the prior's on the same programs. The trees are used only if
+they rank better than the prior, and, when the current run's problem has held-out programs,
+not more than GLOBAL_SLACK worse on it; they are then refitted on all rows. Otherwise the
+prior's predictions stand.
 
-where z are `features(prog)` and log(prior) itself, standardized over the measured programs. The
-ridge penalty pulls w towards zero, that is towards the prior: a few measurements correct the
-prior rather than replace it (ridge towards the mean time ranked held-out programs worse).
-New programs' features are clipped to the range seen in training, because a feature that barely
-varied in 8 samples has a tiny standard deviation and would swing predictions far outside it.
-The fit is kept only if its leave-one-out ranking (closed form) of the faster half of the
-measured programs beats the prior's ranking of them, and its ranking of all of them is at most
-GLOBAL_SLACK below the prior's; otherwise the model goes on predicting the prior. The faster half
-is what the search chooses from: a prior can rank a whole run well because it tells the first
-round's slow programs from the rest, and still tie or misorder the best family
-(docs/ARCHITECTURE.md §17.4).
-
-Why a check at all: on random programs of several workloads an unchecked fit ranked held-out
-programs worse than the analytic prior, while the checked model stays at the prior's level;
-against a weak prior the fit ranks much better (docs/ARCHITECTURE.md §17.4).
+Scores become seconds for plots and the search's settle test: within a problem,
+log(seconds) = a + b * score, with b fitted over all groups and a anchored so that the problem's
+naive program gets the prior's prediction. The order within a problem is the trees' order.
 
     model = LearnedModel(prior=MyPrior())         # or prior="analytic", a registered name
+    model.add_history(database, threads=1)        # this machine's stored measurements
     model.predict(programs)                       # seconds; the prior's while data is scarce
-    model.update(measured, seconds)               # stores everything and refits
-    model.validation                              # Spearman: {"learned": 0.81, "prior": 0.74,
-                                                  #  "learned_top": 0.5, "prior_top": 0.4}
+    model.update(measured, seconds)               # the current run's; refits
+    model.validation                              # held-out Spearman: {"learned": 0.61,
+                                                  #  "prior": 0.48, "groups": 7, ...}
     restored = LearnedModel.from_state(model.state(), prior=MyPrior())
 
 See docs/ARCHITECTURE.md §8 Cost models.
@@ -34,17 +39,41 @@ See docs/ARCHITECTURE.md §8 Cost models.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import lightgbm
 import numpy as np
 
-from eqsched.ir import Program
+from eqsched.ir import Program, naive_program
+from eqsched.schedule import Schedule, ScheduleError
 
+from . import features as features_module
 from .cost import CostModel, CostModelError, get_cost_model, register, spearman
 from .features import FEATURE_NAMES, features
 
+if TYPE_CHECKING:
+    from eqsched.db import Database
+
 _TINY = 1e-12
-GLOBAL_SLACK = 0.1  # how much worse than the prior the fit may rank all measured programs
+MIN_SAMPLES = 64
+GLOBAL_SLACK = 0.05  # how much worse than the prior the trees may rank the current problem
+RELEVANCE_LEVELS = 16
+VALIDATION_FOLDS = 5  # one fifth of the rows is held out by the check
+MIN_GROUP_ROWS = 3  # fewer held-out programs of a problem than this do not rank anything
+TREE_PARAMS = {
+    "objective": "lambdarank", "label_gain": list(range(RELEVANCE_LEVELS)),
+    "num_leaves": 15, "min_data_in_leaf": 5, "learning_rate": 0.1, "lambda_l2": 1.0,
+    "feature_fraction": 0.8, "feature_fraction_seed": 1,
+    "deterministic": True, "force_row_wise": True, "num_threads": 1, "verbosity": -1,
+}
+TREE_ROUNDS = 100
+_SLOPE_CAP = -1e-3  # scores map to seconds through a strictly decreasing map: order is kept
 
 
 def _as_prior(prior: CostModel | str | None) -> CostModel | None:
@@ -57,71 +86,222 @@ def _as_prior(prior: CostModel | str | None) -> CostModel | None:
     raise CostModelError(f"prior must be a cost model, a registered name or None, not {prior!r}")
 
 
-class _Ridge:
-    """Closed-form ridge on standardized inputs, fitted to the residual y - offset."""
+@dataclass(frozen=True)
+class Example:
+    """One measured program as the model sees it: its problem (`group`, the naive program's
+    hash), its stored hash, the model's inputs and log seconds."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, offset: np.ndarray, l2: float):
-        self.low, self.high = x.min(axis=0), x.max(axis=0)
-        self.mean = x.mean(axis=0)
-        scale = x.std(axis=0)
-        self.scale = np.where(scale > _TINY, scale, 1.0)  # constant columns carry no weight
-        z = (x - self.mean) / self.scale
-        target = y - offset
-        self.bias = float(target.mean())
-        inverse = np.linalg.inv(z.T @ z + l2 * np.eye(z.shape[1]))
-        self.weights = inverse @ (z.T @ (target - self.bias))
-        # Leave-one-out predictions from the hat matrix (centering counts as one more parameter).
-        leverage = np.einsum("ij,jk,ik->i", z, inverse, z) + 1.0 / len(y)
-        fitted = offset + self.bias + z @ self.weights
-        self.left_out = y - (y - fitted) / np.clip(1.0 - leverage, _TINY, None)
+    group: str
+    key: str
+    x: np.ndarray
+    log_seconds: float
 
-    def __call__(self, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
-        # No extrapolation: a feature counts only as far as the training data varied it.
-        x = np.clip(x, self.low, self.high)
-        return offset + self.bias + ((x - self.mean) / self.scale) @ self.weights
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+_naive_of: dict[int, tuple[object, Program]] = {}
+
+
+def group_of(prog: Program) -> str:
+    """The problem a program solves: its naive program's hash (one per workload and size)."""
+    return _naive(prog).hash()
+
+
+def _naive(prog: Program) -> Program:
+    # The computations of one explore are few and shared by all its programs: keyed by identity
+    # (the entry keeps the computation alive, so its id is not reused).
+    comp = prog.computation
+    found = _naive_of.get(id(comp))
+    if found is None or found[0] is not comp:
+        found = _naive_of[id(comp)] = (comp, naive_program(comp))
+    return found[1]
+
+
+def _log_prior(prior: CostModel | None, programs: Sequence[Program]) -> np.ndarray:
+    if prior is None:
+        return np.zeros(len(programs))
+    return np.log(np.clip(np.asarray(prior.predict(programs), dtype=float), _TINY, None))
+
+
+def inputs(programs: Sequence[Program], prior: CostModel | None) -> np.ndarray:
+    """The model's input rows: features, then the prior's log prediction."""
+    rows = np.array([features(p) for p in programs]).reshape(len(programs), len(FEATURE_NAMES))
+    return np.column_stack([rows, _log_prior(prior, programs)])
+
+
+def inputs_key(prior: CostModel | None) -> str:
+    """Names how `inputs` are computed, for the database's cache of them: the feature names, the
+    source of the features module and of the prior's module, and the prior's settings. Any
+    change to them computes the inputs afresh."""
+    parts = [list(FEATURE_NAMES), inspect.getsource(features_module)]
+    if prior is not None:
+        settings = {k: repr(v) for k, v in sorted(vars(prior).items()) if not k.startswith("_")}
+        parts += [type(prior).__qualname__, inspect.getsource(sys.modules[type(prior).__module__]),
+                  settings]
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+    return f"learned-inputs/{digest}"
+
+
+def history(db: Database, prior: CostModel | None, *, threads: int | None = None,
+            machine_key: str | None = None, workloads: Sequence[str] | None = None,
+            target: str = "host") -> tuple[list[tuple[str, Example]], int]:
+    """Examples of every stored measurement `training_rows` selects, each with its workload
+    name, and how many could not be replayed (traces of an older schedule format). Inputs are
+    cached in the database (when it is writable): replaying a trace and computing features and
+    the prior costs about 25 ms a measurement."""
+    from eqsched.db import training_rows
+    from eqsched.workloads import get_workload
+
+    rows = training_rows(db, machine_key, threads=threads, workloads=workloads, target=target)
+    key = inputs_key(prior)
+    cached = db.derived(key, [r.id for r in rows])
+    naive: dict[str, Program] = {}
+    fresh: dict[int, list[float]] = {}
+    out: list[tuple[str, Example]] = []
+    skipped = 0
+    for row in rows:
+        if row.key not in naive:
+            naive[row.key] = naive_program(get_workload(row.workload).build(*row.size))
+        x = cached.get(row.id)
+        if x is None or len(x) != len(FEATURE_NAMES) + 1:
+            try:
+                prog = Schedule.replay(naive[row.key], row.trace, checked=False).program
+            except (ScheduleError, KeyError, TypeError, ValueError):
+                skipped += 1
+                continue
+            x = fresh[row.id] = inputs([prog], prior)[0].tolist()
+        out.append((row.workload, Example(naive[row.key].hash(), row.program_hash,
+                                          np.asarray(x, dtype=float), float(np.log(row.median_s)))))
+    if fresh and not db.readonly:
+        db.store_derived(key, fresh)
+    return out, skipped
+
+
+# ---- the trees ---------------------------------------------------------------------------------
+
+
+def relevance(log_seconds: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Per row, its speed rank within its group in RELEVANCE_LEVELS quantiles: the fastest
+    programs of a group get RELEVANCE_LEVELS - 1, the slowest 0."""
+    out = np.zeros(len(log_seconds), dtype=int)
+    for g in np.unique(groups):
+        at = np.flatnonzero(groups == g)
+        order = np.argsort(log_seconds[at], kind="stable")
+        rank = np.empty(len(at))
+        rank[order] = np.arange(len(at)) / len(at)  # 0: fastest
+        out[at] = np.minimum(((1.0 - rank) * RELEVANCE_LEVELS).astype(int), RELEVANCE_LEVELS - 1)
+    return out
+
+
+def train_trees(x: np.ndarray, log_seconds: np.ndarray, groups: np.ndarray,
+                seed: int) -> lightgbm.Booster | None:
+    """A lambdarank booster (higher score: faster), None when no group has two programs."""
+    order = np.argsort(groups, kind="stable")  # LightGBM wants each group's rows together
+    x, log_seconds, groups = x[order], log_seconds[order], groups[order]
+    _, sizes = np.unique(groups, return_counts=True)
+    if not np.any(sizes > 1):
+        return None
+    params = {**TREE_PARAMS, "seed": seed, "lambdarank_truncation_level": int(sizes.max())}
+    data = lightgbm.Dataset(x, relevance(log_seconds, groups), group=_runs(groups),
+                            feature_name=[*FEATURE_NAMES, "log_prior"],
+                            params={"verbosity": -1, "min_data_in_bin": 1})
+    return lightgbm.train(params, data, num_boost_round=TREE_ROUNDS)
+
+
+def _runs(sorted_groups: np.ndarray) -> list[int]:
+    """Lengths of the runs of equal values, in order."""
+    change = np.flatnonzero(sorted_groups[1:] != sorted_groups[:-1]) + 1
+    return np.diff(np.concatenate([[0], change, [len(sorted_groups)]])).tolist()
+
+
+def mean_group_spearman(predicted: np.ndarray, measured: np.ndarray,
+                        groups: np.ndarray) -> tuple[float | None, int]:
+    """The mean over groups (with at least MIN_GROUP_ROWS rows) of Spearman's correlation of
+    predicted with measured values, and how many groups it averages (ties rank nothing: 0)."""
+    values = []
+    for g in np.unique(groups):
+        at = groups == g
+        if at.sum() >= MIN_GROUP_ROWS:
+            values.append(spearman(predicted[at], measured[at]) or 0.0)
+    return (float(np.mean(values)) if values else None), len(values)
+
+
+def _held_out(key: str, group: str, seed: int) -> bool:
+    digest = hashlib.sha256(f"{seed}/{group}/{key}".encode()).digest()
+    return digest[0] % VALIDATION_FOLDS == 0
 
 
 @register
 class LearnedModel(CostModel):
-    """Features of the program (plus the prior's log prediction) -> log seconds, by ridge
-    regression anchored at the prior; the prior alone while it ranks the measurements better.
-    `l2` is the penalty on standardized weights: a small one made the unchecked fit rank
-    held-out programs worse, larger values only approach the prior (docs/ARCHITECTURE.md §17.4).
-    `validation` holds the last refit's leave-one-out Spearman of the fit and the prior's
-    Spearman on the measured programs, all of them and the faster half (`_top`)."""
+    """Ranking trees over program features and the prior's log prediction, trained on stored
+    and current measurements; the prior wherever they do not rank held-out programs better
+    (the module docstring has the check). `validation` holds the last refit's held-out mean
+    Spearman of the trees and of the prior, over all problems and over the current run's."""
 
     name = "learned"
 
-    def __init__(self, prior: CostModel | str | None = "analytic", min_samples: int = 8,
-                 l2: float = 100.0, seed: int = 0):
-        if min_samples < 3:
-            raise CostModelError(f"min_samples must be at least 3, got {min_samples}")
-        if not l2 > 0:
-            raise CostModelError(f"l2 must be positive, got {l2}")
+    def __init__(self, prior: CostModel | str | None = "analytic",
+                 min_samples: int = MIN_SAMPLES, seed: int = 0):
+        if min_samples < 2 * VALIDATION_FOLDS:
+            raise CostModelError(f"min_samples must be at least {2 * VALIDATION_FOLDS}, "
+                                 f"got {min_samples}")
         self.prior = _as_prior(prior)
         self.min_samples = min_samples
-        self.l2 = float(l2)
-        self.seed = seed  # the fit is deterministic; kept for the common model signature
-        self._x = np.empty((0, len(FEATURE_NAMES) + 1))
-        self._y = np.empty(0)
-        self._fit: _Ridge | None = None
-        self.validation: dict[str, float] = {}
+        self.seed = seed
+        self._examples: dict[tuple[str, str], Example] = {}  # (group, key) -> the latest
+        self._current: set[str] = set()  # groups of the programs given to `update`
+        self._trees: lightgbm.Booster | None = None
+        self._slope = _SLOPE_CAP
+        self._anchors: dict[str, float] = {}
+        self._validation: dict[str, float | int | None] = {}
+        self._stale = False  # examples changed since the last fit: refit before the next use
 
     @property
     def samples(self) -> int:
-        """How many measurements the model has seen."""
-        return len(self._y)
+        """How many distinct measured programs the model has (stored and current)."""
+        return len(self._examples)
 
     @property
     def fitted(self) -> bool:
-        """Whether predictions come from the fit (else from the prior)."""
-        return self._fit is not None
+        """Whether predictions come from the trees (else from the prior)."""
+        self._refresh()
+        return self._trees is not None
+
+    @property
+    def validation(self) -> dict[str, float | int | None]:
+        """The last fit's check: held-out mean Spearman of the trees ("learned") and of the prior
+        ("prior") over all problems ("groups" of them, "held_out" programs) and over the
+        current run's ("learned_current", "prior_current": None without held-out programs);
+        empty below min_samples."""
+        self._refresh()
+        return dict(self._validation)
 
     def predict(self, programs: Sequence[Program]) -> np.ndarray:
-        if self._fit is None:
-            return self._prior_seconds(programs)
-        log_prior = self._log_prior(programs)
-        return np.exp(self._fit(self._inputs(programs, log_prior), log_prior))
+        self._refresh()
+        if self._trees is None:
+            if self.prior is None:
+                return np.ones(len(programs))
+            return np.asarray(self.prior.predict(programs), dtype=float)
+        scores = self._trees.predict(inputs(programs, self.prior))
+        anchors = np.array([self._anchor(p) for p in programs])
+        return np.exp(anchors + self._slope * scores)
+
+    def rank_keys(self, x: np.ndarray) -> np.ndarray:
+        """A ranking key of `inputs` rows, lower is faster, comparable within one problem: the
+        trees' negated score, or the prior's log prediction where the trees are not used."""
+        x = np.asarray(x, dtype=float).reshape(-1, len(FEATURE_NAMES) + 1)
+        self._refresh()
+        return x[:, -1].copy() if self._trees is None else -self._trees.predict(x)
+
+    def _anchor(self, prog: Program) -> float:
+        # a in log(seconds) = a + b * score: the naive program gets the prior's prediction.
+        group = group_of(prog)
+        if group not in self._anchors:
+            naive = _naive(prog)
+            score = self._trees.predict(inputs([naive], self.prior))[0]
+            self._anchors[group] = float(_log_prior(self.prior, [naive])[0]
+                                         - self._slope * score)
+        return self._anchors[group]
 
     def update(self, programs: Sequence[Program], seconds: Sequence[float]) -> None:
         seconds = np.asarray(seconds, dtype=float)
@@ -131,60 +311,113 @@ class LearnedModel(CostModel):
             raise CostModelError("measured times must be finite and positive (filter errors out)")
         if not len(programs):
             return
-        x = self._inputs(programs, self._log_prior(programs))
-        self._x = np.vstack([self._x, x])
-        self._y = np.concatenate([self._y, np.log(seconds)])
-        self._refit()
+        x = inputs(programs, self.prior)
+        for prog, row, s in zip(programs, x, seconds):
+            group = group_of(prog)
+            self._current.add(group)
+            self._examples[(group, prog.hash())] = Example(group, prog.hash(), row,
+                                                           float(np.log(s)))
+        self._stale = True
 
-    def _prior_seconds(self, programs: Sequence[Program]) -> np.ndarray:
-        if self.prior is None:
-            return np.ones(len(programs))
-        return np.asarray(self.prior.predict(programs), dtype=float)
+    def add_history(self, db: Database, threads: int | None = None, target: str = "host") -> int:
+        """Learn from this machine's stored measurements in `db` for `target` (a `Target.spec`;
+        those of parallel programs timed with `threads` threads, if given); returns how many it
+        added."""
+        found, _ = history(db, self.prior, threads=threads, target=target)
+        return self.add_examples([example for _, example in found])
 
-    def _log_prior(self, programs: Sequence[Program]) -> np.ndarray:
-        return np.log(np.clip(self._prior_seconds(programs), _TINY, None))
+    def add_examples(self, examples: Sequence[Example], *, current: bool = False) -> int:
+        """Learn from measured programs given as inputs (computed with this model's prior): other
+        runs' by default, where a program the model already has keeps its time; `current`: the
+        run's own (their problems are the ones the check guards, as for `update`). Returns how
+        many programs are new."""
+        before = self.samples
+        for e in examples:
+            if len(e.x) != len(FEATURE_NAMES) + 1:
+                raise CostModelError(f"example {e.key} has {len(e.x)} inputs, expected "
+                                     f"{len(FEATURE_NAMES) + 1}")
+            if current:
+                self._current.add(e.group)
+                self._examples[(e.group, e.key)] = e
+            else:
+                self._examples.setdefault((e.group, e.key), e)
+        self._stale = True
+        return self.samples - before
 
-    @staticmethod
-    def _inputs(programs: Sequence[Program], log_prior: np.ndarray) -> np.ndarray:
-        rows = [features(p) for p in programs]
-        return np.column_stack([np.array(rows).reshape(len(rows), len(FEATURE_NAMES)), log_prior])
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        examples = list(self._examples.values())
+        x = np.array([e.x for e in examples]).reshape(len(examples), len(FEATURE_NAMES) + 1)
+        return (x, np.array([e.log_seconds for e in examples]),
+                np.array([e.group for e in examples]), [e.key for e in examples])
+
+    def _refresh(self) -> None:
+        if self._stale:
+            self._stale = False
+            self._refit()
 
     def _refit(self) -> None:
-        self._fit, self.validation = None, {}
+        self._trees, self._anchors, self._validation = None, {}, {}
         if self.samples < self.min_samples:
             return
-        log_prior = self._x[:, -1]
-        fit = _Ridge(self._x, self._y, log_prior, self.l2)
-        top = np.argsort(self._y, kind="stable")[:max(self.min_samples, self.samples // 2)]
-        # Spearman is undefined (None) for tied predictions: a prior that ties everything
-        # ranks nothing.
-        v = self.validation = {
-            "learned": spearman(fit.left_out, self._y) or 0.0,
-            "prior": spearman(log_prior, self._y) or 0.0,
-            "learned_top": spearman(fit.left_out[top], self._y[top]) or 0.0,
-            "prior_top": spearman(log_prior[top], self._y[top]) or 0.0}
-        if v["learned_top"] > v["prior_top"] and v["learned"] >= v["prior"] - GLOBAL_SLACK:
-            self._fit = fit
+        x, y, groups, keys = self._arrays()
+        held = np.array([_held_out(k, g, self.seed) for k, g in zip(keys, groups)])
+        trial = train_trees(x[~held], y[~held], groups[~held], self.seed)
+        if trial is None or not held.any():
+            return
+        score = -trial.predict(x[held])  # lower is faster, as measured log seconds
+        prior = x[held, -1]
+        learned, n = mean_group_spearman(score, y[held], groups[held])
+        prior_rho, _ = mean_group_spearman(prior, y[held], groups[held])
+        mine = np.isin(groups[held], sorted(self._current))
+        learned_now, _ = mean_group_spearman(score[mine], y[held][mine], groups[held][mine])
+        prior_now, _ = mean_group_spearman(prior[mine], y[held][mine], groups[held][mine])
+        self._validation = {"learned": learned, "prior": prior_rho, "groups": n,
+                           "held_out": int(held.sum()), "learned_current": learned_now,
+                           "prior_current": prior_now}
+        if learned is None or learned <= prior_rho:
+            return
+        if learned_now is not None and learned_now < prior_now - GLOBAL_SLACK:
+            return
+        self._trees = train_trees(x, y, groups, self.seed)
+        self._slope = _within_group_slope(self._trees.predict(x), y, groups)
 
     # ---- persistence ----------------------------------------------------------------------
 
     def state(self) -> dict:
-        """JSON-able: the settings and the training data (the fit is recomputed on load)."""
-        return {"min_samples": self.min_samples, "l2": self.l2, "seed": self.seed,
-                "features": list(FEATURE_NAMES),
-                "x": self._x.tolist(), "log_seconds": self._y.tolist()}
+        """JSON-able: the settings and the examples (the trees are retrained on load)."""
+        return {"min_samples": self.min_samples, "seed": self.seed,
+                "features": list(FEATURE_NAMES), "current": sorted(self._current),
+                "examples": [[e.group, e.key, e.x.tolist(), e.log_seconds]
+                             for e in self._examples.values()]}
 
     @classmethod
     def from_state(cls, state: dict, prior: CostModel | str | None = "analytic") -> LearnedModel:
-        """A model trained on the data in `state`; its prior is not stored and is given again
-        (it must be the same prior: the stored inputs include its log predictions)."""
+        """A model trained on the examples in `state`; its prior is not stored and is given
+        again (it must be the same prior: the stored inputs include its log predictions)."""
         if state.get("features") != list(FEATURE_NAMES):
             raise CostModelError("the saved learned model was trained on other features")
-        model = cls(prior, state["min_samples"], state["l2"], state["seed"])
-        x = np.asarray(state["x"], dtype=float).reshape(-1, len(FEATURE_NAMES) + 1)
-        y = np.asarray(state["log_seconds"], dtype=float)
-        if len(x) != len(y) or not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-            raise CostModelError("the saved learned model's data is malformed")
-        model._x, model._y = x, y
-        model._refit()
+        model = cls(prior, state["min_samples"], state["seed"])
+        try:
+            for group, key, x, log_seconds in state["examples"]:
+                e = Example(str(group), str(key), np.asarray(x, dtype=float), float(log_seconds))
+                if len(e.x) != len(FEATURE_NAMES) + 1 or not (
+                        np.all(np.isfinite(e.x)) and np.isfinite(e.log_seconds)):
+                    raise ValueError
+                model._examples[(e.group, e.key)] = e
+        except (TypeError, ValueError):
+            raise CostModelError("the saved learned model's data is malformed") from None
+        model._current = set(map(str, state.get("current", [])))
+        model._stale = True
         return model
+
+
+def _within_group_slope(score: np.ndarray, log_seconds: np.ndarray, groups: np.ndarray) -> float:
+    """b of log(seconds) = a_group + b * score by least squares, capped below zero (a higher
+    score is a faster program)."""
+    s, y = score.astype(float).copy(), log_seconds.astype(float).copy()
+    for g in np.unique(groups):
+        at = groups == g
+        s[at] -= s[at].mean()
+        y[at] -= y[at].mean()
+    denominator = float(s @ s)
+    return min(float(s @ y) / denominator, _SLOPE_CAP) if denominator > _TINY else _SLOPE_CAP

@@ -21,6 +21,12 @@ converges on a poor sketch of a chain. It stops adding populations once the best
 to take at most `settled_s` (explore: half of one core's peak FLOP rate; by default every island
 runs).
 
+A space no larger than one round of evolution could realize (`whole_space`) is ranked whole
+instead: every program is built once, each round ranks them all, and a round that finds fewer
+than `k` untried says so (`exhausted`: "the space has N programs; all measured"). Every loop of
+a round is bounded whatever the space's size: filling a population ends after `max_attempts`
+draws in a row add nothing new.
+
 `wait_turn`, if given, is called between small units of work (one realization, one batch of
 predictions) and may block: explore stops the search that way while a candidate is timed on
 the other core (a search running beside it skews the timing: docs/ARCHITECTURE.md §17.5).
@@ -106,7 +112,8 @@ class EvolutionarySearch:
                  generations: int = 5, max_generations: int = 20, survivors: int = 48,
                  random_fraction: float = 0.125, max_attempts: int = 50,
                  max_unrolled: int = MAX_UNROLLED, first_islands: int = 3,
-                 settled_s: float = 0.0, wait_turn: Callable[[], object] | None = None):
+                 settled_s: float = 0.0, whole_space: int | None = None,
+                 wait_turn: Callable[[], object] | None = None):
         self.space, self.model = space, model
         self.wait_turn = wait_turn or (lambda: None)
         self.rng = random.Random(seed)
@@ -115,7 +122,12 @@ class EvolutionarySearch:
         self.survivors, self.random_fraction = survivors, random_fraction
         self.max_attempts, self.max_unrolled = max_attempts, max_unrolled
         self.first_islands, self.settled_s = first_islands, settled_s
+        # A space no larger than one round of evolution could realize is ranked whole.
+        self.whole_space = (population * (1 + self.max_generations) if whole_space is None
+                            else whole_space)
+        self.exhausted = ""  # why the last `propose` came short of `k`, when it did
         self._total: int | None = None  # the space's program count, on first need
+        self._whole: list[Candidate] | None = None  # every program of a whole-ranked space
         self._kept: list[Candidate] = []  # the last round's best, re-scored next round
         # realize() is the expensive part; bounded, since a long run builds tens of thousands.
         self._programs: OrderedDict[tuple, Program | None] = OrderedDict()
@@ -130,10 +142,7 @@ class EvolutionarySearch:
         for _ in range(self.max_attempts):
             if total:
                 term, sizes = self.space.program(self.rng.randrange(total))
-                assignment: dict[str, dict[str, int]] = {}
-                for (group, path), extent in sizes.items():
-                    assignment.setdefault(group, {})[path] = extent
-                cand = self._grow(self.space.picks_for(term), assignment)
+                cand = self._grow(self.space.picks_for(term), _assignment(sizes))
             else:
                 cand = self._grow({}, {})
             if cand is not None:
@@ -144,6 +153,30 @@ class EvolutionarySearch:
         if self._total is None:
             self._total = self.space.count()
         return self._total
+
+    def every_candidate(self) -> list[Candidate]:
+        """Every program of the space that builds within the unrolling limit, distinct, in
+        index order; built on first use and kept (for spaces of at most `whole_space`)."""
+        if self._whole is None:
+            whole: dict[str, Candidate] = {}
+            for index in range(self._count()):
+                cand = self._candidate_at(index)
+                if cand is not None:
+                    whole.setdefault(cand.hash, cand)
+            self._whole = list(whole.values())
+        return self._whole
+
+    def _candidate_at(self, index: int) -> Candidate | None:
+        """The program with this index, exactly (nothing re-drawn), or None when it cannot be
+        built or unrolls more than `max_unrolled` copies."""
+        term, sizes = self.space.program(index)
+        if _term_unrolled(_unrolled_chains(term), sizes) > self.max_unrolled:
+            return None
+        prog = self.program_of(term, sizes)
+        if prog is None or unrolled_copies(prog) > self.max_unrolled:
+            return None
+        return Candidate(term, dict(sorted(sizes.items())), prog, self.space.picks_for(term),
+                         _assignment(sizes), self.space.naive)
 
     def _grow(self, picks: dict[Slot, int], assignment: dict[str, dict[str, int]]
               ) -> Candidate | None:
@@ -247,10 +280,39 @@ class EvolutionarySearch:
     def propose(self, k: int, exclude: Iterable[str] = (),
                 elites: Iterable[Candidate] = ()) -> list[tuple[Candidate, float]]:
         """Up to `k` (candidate, predicted seconds) the caller has not measured (`exclude`),
-        best predicted first, with about `random_fraction` of them random picks."""
+        best predicted first, with about `random_fraction` of them random picks. Fewer than
+        `k` only when the search ran out of untried programs; `exhausted` then says why."""
         excluded = set(exclude)
-        seeds = [*elites, *self._kept]
         known: dict[str, float] = {}  # the model does not change within a round
+        if self._count() <= self.whole_space:
+            ranked = self.rank(self.every_candidate(), known)
+        else:
+            ranked = self._evolved(list(elites), k, known)
+        fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
+        n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
+        chosen, used = self._verified_prefix(fresh, k - n_random)
+        rest = fresh[used:]
+        chosen += self._verified_prefix(self.rng.sample(rest, len(rest)), k - len(chosen))[0]
+        self.exhausted = self._shortfall(len(ranked)) if len(chosen) < k else ""
+        return chosen
+
+    def _shortfall(self, ranked: int) -> str:
+        """Why a round found fewer than `k` untried programs: a space ranked whole has none
+        left; an evolved one had none among the `ranked` programs of its populations."""
+        total = self._count()
+        if self._whole is None:
+            return (f"the search found no more untried programs among the {ranked} it ranked "
+                    f"(the space has {total} programs)")
+        if len(self._whole) == total:
+            return f"the space has {total} programs; all measured"
+        return (f"the space has {total} programs, {len(self._whole)} of them buildable and "
+                f"distinct; all measured")
+
+    def _evolved(self, elites: list[Candidate], k: int, known: dict[str, float]
+                 ) -> list[tuple[Candidate, float]]:
+        """The round's populations evolved from the elites and the last round's survivors,
+        merged and ranked; the best are kept as the next round's survivors."""
+        seeds = [*elites, *self._kept]
         merged: dict[str, Candidate] = {}
         # With nothing measured or kept yet, one population often settles on a poor sketch of
         # a fused chain (docs/ARCHITECTURE.md §17.3): evolve more while the best is predicted
@@ -262,12 +324,7 @@ class EvolutionarySearch:
                 break
         ranked = self.rank(list(merged.values()), known)  # predicted already: only sorts
         self._kept = [c for c, _ in ranked[: self.survivors]]
-        fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
-        n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
-        chosen, used = self._verified_prefix(fresh, k - n_random)
-        rest = fresh[used:]
-        chosen += self._verified_prefix(self.rng.sample(rest, len(rest)), k - len(chosen))[0]
-        return chosen
+        return ranked
 
     def _evolve(self, seeds: list[Candidate], k: int, known: dict[str, float]
                 ) -> list[tuple[Candidate, float]]:
@@ -281,10 +338,15 @@ class EvolutionarySearch:
                     pool[c.hash] = c
 
         add(seeds)
-        while len(pool) < self.population:
+        # Draws repeat once most of a space is in the pool: `max_attempts` draws in a row that
+        # add nothing end the filling (a space with fewer programs than a population would
+        # never fill it).
+        repeats = 0
+        while len(pool) < self.population and repeats < self.max_attempts:
             fresh = self.random_candidate()
             if fresh is None:
                 break
+            repeats = repeats + 1 if fresh.hash in pool else 0
             add([fresh])
         ranked = self.rank(list(pool.values()), known)
         stale = 0
@@ -324,6 +386,8 @@ class EvolutionarySearch:
         except DeriveError:
             self._programs[_program_key(cand.term, cand.sizes)] = None
             self._kept = [c for c in self._kept if c is not cand]
+            if self._whole is not None:
+                self._whole = [c for c in self._whole if c is not cand]
             return False
         self._verified_hashes.add(cand.hash)
         return True
@@ -340,6 +404,14 @@ class EvolutionarySearch:
             known.update(zip([c.hash for c in batch],
                              map(float, self.model.predict([c.program for c in batch]))))
         return sorted(((c, known[c.hash]) for c in cands), key=lambda cs: (cs[1], cs[0].hash))
+
+
+def _assignment(sizes: Sizes) -> dict[str, dict[str, int]]:
+    """The sizes per group: {group: {path: extent}}."""
+    assignment: dict[str, dict[str, int]] = {}
+    for (group, path), extent in sizes.items():
+        assignment.setdefault(group, {})[path] = extent
+    return assignment
 
 
 def _program_key(term: Term, sizes: Sizes) -> tuple:

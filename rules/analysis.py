@@ -18,7 +18,7 @@ from egglog import String, eq, relation, rule, var
 
 from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Body, Kind, Root, SStmt, block, cached, loop
-from eqsched.egraph.term import remainder_tiles
+from eqsched.egraph.term import VECTOR_LANES, remainder_tiles
 from eqsched.expr import Var, loads
 
 from .base import Rule, register
@@ -42,6 +42,7 @@ uncached = relation("uncached", Body)
 blocks_only = relation("blocks_only", Body)  # a list of blocks, no loops
 reg_tile = relation("reg_tile", Body)  # blocks and vector/unroll loops only
 unit_stride = relation("unit_stride", Body, String)  # blocks storing unit-stride along g
+lane_store = relation("lane_store", Body, String)  # blocks of a blocked stage storing along g
 s_tiles = relation("s_tiles", SStmt, String)  # has a loop over a spatial group of stage st
 tiles = relation("tiles", Body, String)
 s_covers = relation("s_covers", SStmt, String)  # all pieces of reduce group g are inside
@@ -74,6 +75,40 @@ def tiled(extent: int) -> bool:
     (duplicates that only grow the e-graph)."""
     return bool(remainder_tiles(extent)) or any(extent % d == 0
                                                 for d in range(2, isqrt(extent) + 1))
+
+
+def vectorizable(extent: int) -> bool:
+    """A loop of this extent can be a vector loop, whole or as its innermost piece."""
+    return any(extent % lanes == 0 for lanes in VECTOR_LANES)
+
+
+def blocked_groups(facts: Facts) -> dict[str, str]:
+    """Stage -> the group its vector loops run along instead of its output's innermost one.
+
+    When a reduction's innermost stored axis cannot hold a vector (conv2d's 7-wide rows in
+    Y[n, k, p, q]), its vector loops run along another stored axis (k), as oneDNN's and TVM's
+    NCHW[x]c convolutions do: the local tile keeps its loops' order, so there the vector axis is
+    innermost and contiguous, and only the tile's write-back to the output (once per tile) is a
+    scatter. The innermost such axis of the update's store is chosen: one per stage, so that
+    cache_write keeps one anchor per stage. Stages whose innermost axis can hold a vector keep
+    their space as it is."""
+    out = {}
+    for name, blk in facts.blocks.items():
+        inner = facts.store_inner_group[name]
+        if blk.reduce is None or (inner is not None and vectorizable(facts.extents[inner])):
+            continue
+        stored = [facts.group(name, ix.name) for ix in blk.indices if isinstance(ix, Var)]
+        across = [g for g in stored if g != inner and g not in facts.reduce_groups[name]
+                  and vectorizable(facts.extents[g])]
+        if across:
+            out[blk.stage] = across[-1]
+    return out
+
+
+def lane_group(facts: Facts, block: str) -> str | None:
+    """The group along which a vector loop may run around `block`: its blocked stage's group,
+    else its unit-stride store group."""
+    return blocked_groups(facts).get(facts.stage_of[block], facts.store_inner_group[block])
 
 
 def inlinable(facts: Facts) -> list[str]:
@@ -231,6 +266,30 @@ class UnitStride(Rule):
             if group is not None and group not in facts.reduce_groups[name]:
                 out.append(rule(eq_(b, Body.cons(block(name), t)), unit_stride(t, String(group)))
                            .then(unit_stride(b, String(group))))
+        return out
+
+
+@register
+class LaneStore(Rule):
+    """lane_store(body, g): body is a list of blocks of stages blocked along g (see
+    `blocked_groups`) that store along g (each lane its own element) and do not reduce over it.
+
+        cons(block(Y.update), nil) -> lane_store(Y.k)   (Y[n, k, p, q] with k blocked)
+    """
+
+    name = "lane_store"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        blocked = blocked_groups(facts)
+        out = [rule(eq_(b, Body.nil())).then(lane_store(b, String(group)))
+               for group in sorted(set(blocked.values()))]
+        for name, blk in facts.blocks.items():
+            group = blocked.get(blk.stage)
+            stored = {facts.group(name, ix.name) for ix in blk.indices if isinstance(ix, Var)}
+            if group in stored and group not in facts.reduce_groups[name]:
+                out.append(rule(eq_(b, Body.cons(block(name), t)), lane_store(t, String(group)))
+                           .then(lane_store(b, String(group))))
         return out
 
 

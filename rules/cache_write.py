@@ -11,7 +11,7 @@ from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Body, Kind, cached, loop
 from eqsched.egraph.term import split_path
 
-from .analysis import b, covers, holds, levels, only, tiled, tiles, uncached
+from .analysis import b, covers, holds, lane_group, levels, only, tiled, tiles, uncached
 from .base import Rule, register
 
 
@@ -26,6 +26,8 @@ class CacheWrite(Rule):
         loop(C.j, "1/4", serial, [loop(C.k, "0/2", ..., [C.update])])
           -> loop(C.j, "1/4", serial, [cached(C, [loop(C.k, "0/2", ..., [C.update])])])
 
+    A stage blocked along another axis (`analysis.blocked_groups`, conv2d's Y.k) anchors its tile
+    at that group instead: the tile's vector axis is then innermost in the tile.
     One anchor symbol per stage makes two nested tiles of a stage impossible in any program (a
     guard such as "no tile inside" holds for some member of a class, not for all; `uncached`
     only keeps the rule from wrapping its own result again).
@@ -38,7 +40,7 @@ class CacheWrite(Rule):
     def rewrites(self, facts: Facts) -> list:
         out = []
         for name, blk in sorted(facts.blocks.items()):
-            anchor = facts.store_inner_group[name]
+            anchor = lane_group(facts, name)
             if blk.reduce is None or anchor is None or anchor in facts.reduce_groups[name]:
                 continue
             path = split_path("", 1, levels(facts, anchor)) if tiled(facts.extents[anchor]) else ""

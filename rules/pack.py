@@ -11,17 +11,18 @@ from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Root
 from eqsched.expr import Var, loads
 
-from .analysis import h
+from .analysis import h, lane_group
 from .base import Rule, register
 
 
 def packable(facts: Facts) -> list[tuple[str, str, int]]:
     """(block, input buffer, dim): an accumulating block reads an input whose dimension `dim` is
-    indexed by the block's unit-stride store group (B[k, j] in C[i, j] += A[i, k] * B[k, j])."""
+    indexed by the group its vector loops run along: its unit-stride store group (B[k, j] in
+    C[i, j] += A[i, k] * B[k, j]) or its blocked group (W[k, c, r, s] for Y[n, k, p, q])."""
     written = {blk.buffer for blk in facts.blocks.values()}
     out = set()
     for name, blk in facts.blocks.items():
-        inner = facts.store_inner_group[name]
+        inner = lane_group(facts, name)
         if blk.reduce is None or inner is None:
             continue
         for ld in loads(blk.value):

@@ -5,13 +5,15 @@ See docs/ARCHITECTURE.md §5 Rules.
 
 from __future__ import annotations
 
-from egglog import String, rewrite
+from egglog import String, rewrite, var
 
 from eqsched.egraph.facts import Facts
-from eqsched.egraph.lang import Kind, Root, loop
+from eqsched.egraph.lang import Body, Kind, Root, loop
 
-from .analysis import b, p, reduce_groups, rest, spatial
+from .analysis import b, p, reduce_groups, rest, spatial, uncached, y
 from .base import Rule, register
+
+unit, q = var("unit", String), var("q", String)
 
 
 @register
@@ -22,17 +24,39 @@ class Parallel(Rule):
 
     Matching the root list (its own sort) keeps parallel loops at the root: the annotated loop
     joins the class of the root list, not the class of the loop, which also occurs nested.
+
+    A root loop of extent 1 (a batch of one) would leave nothing to share among threads, and
+    `reorder` never moves it (moving it gives the same serial program). So its only child may
+    also come up past it to run in parallel:
+
+        rcons(loop(Y.n, "", serial, [loop(Y.p, "0/4", serial, y)]), r)
+          -> rcons(loop(Y.p, "0/4", parallel, [loop(Y.n, "", serial, y)]), r)
+
+    Not when y is a local tile: the loop around it stays its anchor, as in `reorder`.
     """
 
     name = "parallel"
-    requires = ("spatial",)
+    requires = ("spatial", "nesting")
 
     def rewrites(self, facts: Facts) -> list:
         reducing = reduce_groups(facts)
+        serial, parallel = Kind.serial(), Kind.parallel()
+        units = [group for group, extent in sorted(facts.extents.items()) if extent == 1]
         out = []
         for group in sorted(facts.extents):
             gr = String(group)
-            guards = (spatial(b, gr),) if group in reducing else ()
-            out.append(rewrite(Root.rcons(loop(gr, p, Kind.serial(), b), rest))
-                       .to(Root.rcons(loop(gr, p, Kind.parallel(), b), rest), *guards))
+            out.append(rewrite(Root.rcons(loop(gr, p, serial, b), rest))
+                       .to(Root.rcons(loop(gr, p, parallel, b), rest),
+                           *((spatial(b, gr),) if group in reducing else ())))
+            if facts.extents[group] == 1:
+                continue
+            for unit_group in units:
+                inner = loop(gr, q, serial, y)
+                out.append(
+                    rewrite(Root.rcons(loop(String(unit_group), p, serial,
+                                            Body.cons(inner, Body.nil())), rest))
+                    .to(Root.rcons(loop(gr, q, parallel,
+                                        Body.cons(loop(String(unit_group), p, serial, y),
+                                                  Body.nil())), rest),
+                        uncached(y), *((spatial(y, gr),) if group in reducing else ())))
         return out

@@ -1,13 +1,14 @@
 """The LLVM backend runs every node and loop kind correctly, and refuses what it cannot compile."""
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from eqsched import expr, te
-from eqsched.backend import BackendError, CompileOptions, compile_program
+from eqsched.backend import BackendError, CompileOptions, Target, TargetError, compile_program
 from eqsched.backend.lower import PEEL_LIMIT, lower
 from eqsched.expr import Const, Load, Var
 from eqsched.interp import run_program
@@ -390,6 +391,27 @@ def test_parallel_root_loops_give_the_serial_result():
         assert kernel.info["threads"] == threads and kernel.info["segments"] == 2
 
 
+def test_parallel_kernels_called_from_several_threads_take_turns_with_the_helpers():
+    serial = naive_program(matmul(13, 10, 7))
+    parallel = serial.with_body(tuple(replace(lp, kind=P) for lp in serial.body))
+    kernel = compile_program(parallel, CompileOptions(threads=3))
+    inputs = [(rand(13, 7), rand(7, 10)) for _ in range(4)]
+    expected = [a @ b for a, b in inputs]
+
+    def many_calls(index: int) -> bool:
+        a, b = inputs[index]
+        out = np.empty((13, 10), np.float32)
+        for _ in range(50):
+            out.fill(np.nan)
+            kernel(a, b, out)
+            if not np.allclose(out, expected[index], rtol=1e-5, atol=1e-5):
+                return False
+        return True
+
+    with ThreadPoolExecutor(4) as callers:
+        assert all(callers.map(many_calls, range(4)))
+
+
 def test_consecutive_serial_root_nests_share_one_function():
     kernel = compile_program(naive_program(matmul(4, 4, 4)))
     assert kernel.info["segments"] == 1
@@ -415,14 +437,34 @@ def test_vectorizing_a_reduce_axis_of_an_accumulation_is_refused():
         compile_program(bad)
 
 
-def test_vectorized_loop_with_strided_store_is_refused():
+def test_vectorized_loop_with_strided_store_scatters_its_lanes():
     x = te.placeholder((16, 16), "X")
     y = te.compute((16, 16), lambda i, j: x[i, j], "Y")
     prog = retile(naive_program(te.Computation("copy", [y])), "Y",
                   [("Y.j", 16, S, "j", 1), ("Y.i", 16, V, "i", 1)])
-    with pytest.raises(BackendError, match="vectorized loop Y.i needs unit-stride stores.*Y with "
-                                           "stride 16"):
-        compile_program(prog)
+    xs, ys = rand(16, 16), np.full((16, 16), np.nan, np.float32)
+    run(prog, xs, ys)
+    np.testing.assert_array_equal(ys, xs)
+    assert "scatter" in compile_program(prog).llvm_ir()
+
+
+def test_strided_vector_accumulation_gathers_then_scatters():
+    # C[i, j] += ... vectorized over i (stride 6 in C): each lane updates its own row.
+    prog = retile(naive_program(matmul(16, 6, 5)), "C.update",
+                  [("C.j", 6, S, "j", 1), ("C.k", 5, S, "k", 1), ("C.i", 16, V, "i", 1)])
+    prog = prog.with_body(naive_program(matmul(16, 6, 5)).body[:1] + prog.body)
+    a, b, c = rand(16, 5), rand(5, 6), np.full((16, 6), np.nan, np.float32)
+    run(prog, a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_vectorized_loop_whose_lanes_store_one_element_is_refused():
+    prog = naive_program(unary(16, lambda x, i: expr.exp(x[i])))
+    (blk,) = prog.blocks()
+    bad = prog.with_body(nest([("Y.i", 16, S), ("Y.v", 8, V)], (blk,)))  # Y.v binds no axis
+    with pytest.raises(BackendError, match="vectorized loop Y.v needs stores to distinct "
+                                           "elements.*Y with stride 0"):
+        compile_program(bad)
 
 
 # ---- the kernel's calling convention ------------------------------------------------------------
@@ -489,3 +531,43 @@ def test_run_takes_named_inputs_and_starts_outputs_as_nan():
     partial = replace(prog, buffers=tuple(
         replace(b, shape=(3, 8)) if b.name == "H" else b for b in prog.buffers))
     assert np.isnan(compile_program(partial).run({"A": x})["H"][2]).all()
+
+
+@pytest.mark.parametrize("spec", ["host,-avx512f", "haswell"])
+def test_an_avx2_target_runs_the_same_program_with_ymm_fmas_only(spec):
+    options = CompileOptions(target=Target.parse(spec))
+    kernel = compile_program(packed_matmul(8, 64, 9, rows=4), options)
+    a, b, c = rand(8, 9), rand(9, 64), np.empty((8, 64), np.float32)
+    kernel(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    assert re.search(r"vfmadd\w*ps\s+[^\n]*ymm", kernel.asm())
+    assert "zmm" not in kernel.asm()
+    assert kernel.info["target"] == spec and kernel.info["vector_bits"] == 256
+
+
+def test_targets_say_their_vector_registers():
+    haswell = Target.parse("haswell")
+    assert (haswell.vector_bits, haswell.vector_registers, haswell.has_fma) == (256, 16, True)
+    assert Target.parse("HOST, -avx512f") == Target.parse("host,-avx512f")
+    assert Target.parse("host,-avx512f").key != Target.host().key
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nosuchcpu", "LLVM knows no x86 CPU of that name"),
+    ("host,avx2", "is not a feature change"),
+    ("host,-nosuchfeature", "not an x86 feature LLVM knows"),
+    ("-avx2", "start with a CPU name"),
+])
+def test_a_target_llvm_does_not_know_is_refused_in_one_line(spec, message):
+    with pytest.raises(TargetError, match=message) as err:
+        Target.parse(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_a_target_this_cpu_cannot_run_is_refused_before_compiling(monkeypatch):
+    from eqsched.backend import target as target_module
+    no_avx512 = {**target_module._host_feature_map(), "avx512f": False}
+    monkeypatch.setattr(target_module, "_host_feature_map", lambda: no_avx512)
+    with pytest.raises(TargetError, match="needs avx512f, which this CPU"):
+        compile_program(packed_matmul(8, 64, 9, rows=4),
+                        CompileOptions(target=Target.parse("skylake-avx512")))

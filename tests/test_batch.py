@@ -47,7 +47,8 @@ cost_model = ["analytic", "random"]
 seed = [0, 1]
 """)
     assert len(s.jobs) == 2 * 2 * 2
-    assert s.jobs[0].key == "matmul/8x8x8 batch=16 cost_model=analytic repeats=10 seed=0 trials=4"
+    assert s.jobs[0].key == ("matmul/8x8x8 batch=16 cost_model=analytic repeats=10 seed=0 "
+                             "target=host trials=4")
     assert [j.size for j in s.jobs[4:]] == [(16, 24, 8)] * 4
 
 
@@ -59,11 +60,37 @@ seed = [0, 1]
     ('[[explore]]\nworkload = "matmul"\ncost_model = "oracle"', "unknown cost model 'oracle'"),
     ('[[explore]]\nworkload = "matmul"\nrules = "-nosuchrule"', "unknown rule"),
     ('[defaults]\ntrials = 3', "no [[explore]] entries"),
+    ('[[explore]]\nworkload = "matmul"\ntarget = "nosuchcpu"', "LLVM knows no x86 CPU"),
+    ('[[explore]]\nworkload = "matmul"\ntarget = ["host", "host,+nosuch"]',
+     "'nosuch' is not an x86 feature"),
 ])
 def test_a_malformed_suite_is_refused_before_anything_runs(text, message):
     with pytest.raises(BatchError, match="suite.toml") as err:
         suite(text)
     assert message in str(err.value)
+
+
+def test_a_target_per_job_or_for_the_whole_suite():
+    crossed = suite('[[explore]]\nworkload = "matmul"\ntarget = ["host", "host, -avx512f"]')
+    assert [j.settings()["target"] for j in crossed.jobs] == ["host", "host,-avx512f"]
+    given = Suite.from_dict({"explore": [{"workload": "matmul"},
+                                         {"workload": "conv2d_nchw", "target": "host"}]},
+                            "suite.toml", target="haswell")
+    assert [j.settings()["target"] for j in given.jobs] == ["haswell", "host"]
+    with pytest.raises(BatchError, match="the batch's target.*LLVM knows no x86 CPU"):
+        Suite.from_dict({"explore": [{"workload": "matmul"}]}, "suite.toml", target="nosuch")
+
+
+def test_a_jobs_target_is_stored_and_its_finished_run_is_found_again(tmp_path):
+    db = tmp_path / "b.db"
+    avx2 = suite(TINY.replace("[[explore]]", 'target = "host,-avx512f"\n[[explore]]')
+                 .replace('"small"', ""))
+    first = run_batch(avx2, db)
+    assert [r["status"] for r in first.rows] == ["done"]
+    with Database(db) as d:
+        assert d.records() == [] and len(d.records(target="host,-avx512f")) == 3  # with naive
+    again = run_batch(avx2, db)
+    assert [(r["status"], r["note"]) for r in again.rows] == [("done", "from db")]
 
 
 def test_a_batch_runs_every_job_and_a_rerun_takes_them_from_the_database(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import eqsched
+from eqsched.backend import Target
 from eqsched.ir import naive_program
 from eqsched.schedule import Schedule, save_trace
 from eqsched.workloads import get_workload
@@ -128,9 +129,69 @@ def test_usage_mistakes_are_one_line_errors_too():
     assert_one_line_error(eqsched_cmd("run", "matmul", "--repeats", "0"), "--repeats")
 
 
+def test_run_compiles_for_the_target_it_is_given():
+    proc = eqsched_cmd("run", "matmul", "--size", "32,32,16", "--repeats", "1", "--json",
+                       "--no-print", "--target", "host,-avx512f")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["correct"] is True and report["target"] == "host,-avx512f"
+    assert report["backend"]["vector_bits"] == 256 and report["backend"]["cpu_features"]
+
+
+# Every command that compiles or builds a space takes --target and refuses a bad one in one line
+# before it compiles or saturates anything (a database it was given is not even created).
+TARGET_COMMANDS = {
+    "run": ["run", "matmul", "--size", "8,8,8"],
+    "explore": ["explore", "matmul", "--size", "8,8,8", "--db", "{tmp}/x.db"],
+    "space": ["space", "matmul", "--size", "8,8,8"],
+    "batch": ["batch", "{tmp}/suite.toml", "--db", "{tmp}/x.db"],
+    "compare": ["experiment", "compare", "matmul", "--size", "8,8,8"],
+    "distribution": ["experiment", "distribution", "matmul", "--size", "8,8,8", "--db",
+                     "{tmp}/x.db"],
+    "ranking": ["experiment", "ranking", "matmul", "--size", "8,8,8", "--db", "{tmp}/x.db"],
+    "rules check": ["rules", "check", "vectorize", "--workloads", "matmul"],
+    "machine": ["machine"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(TARGET_COMMANDS))
+@pytest.mark.parametrize("target, fragment", [
+    ("nosuchcpu", "LLVM knows no x86 CPU of that name"),
+    ("host,+nosuch", "'nosuch' is not an x86 feature LLVM knows"),
+])
+def test_a_bad_target_is_a_one_line_error_before_anything_is_done(tmp_path, command, target,
+                                                                  fragment):
+    (tmp_path / "suite.toml").write_text('[[explore]]\nworkload = "matmul"\n')
+    args = [a.format(tmp=tmp_path) for a in TARGET_COMMANDS[command]]
+    assert_one_line_error(eqsched_cmd(*args, "--target", target), fragment)
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_every_command_that_compiles_takes_a_target():
+    for command in ("run", "explore", "space", "batch"):
+        assert "--target" in eqsched_cmd(command, "--help").stdout
+    for experiment in ("compare", "distribution", "ranking"):
+        assert "--target" in eqsched_cmd("experiment", experiment, "--help").stdout
+    assert "--target" in eqsched_cmd("rules", "check", "--help").stdout
+
+
 def test_machine_reports_the_measured_peak():
     facts = json.loads(eqsched_cmd("machine", "--json").stdout)
     assert facts["peak_gflops_per_core"] > 0 and facts["cores"] >= 1
+    assert facts["machine_model"]["target"] == "host"
+
+
+def test_machine_calibrate_measures_the_target_again_into_the_cache(tmp_path):
+    if "avx2" not in Target.host().isa:
+        pytest.skip("no AVX2 on this CPU")
+    env = {**ENV, "EQSCHED_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "eqsched", "machine", "--calibrate", "--target",
+                           "host,-avx512f"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "8 float32 lanes, 16 registers" in proc.stdout and "DRAM" in proc.stdout
+    assert [p.name.startswith("machine-host_-avx512f-") for p in tmp_path.iterdir()] == [True]
+    assert_one_line_error(eqsched_cmd("machine", "--target", "host,-nosuchfeature"),
+                          "nosuchfeature")
 
 
 def test_every_package_of_the_checkout_is_installed_by_pyproject():

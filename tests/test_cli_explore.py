@@ -6,6 +6,8 @@ import sys
 
 from test_cli import ENV, assert_one_line_error
 
+from eqsched.db import Database
+
 
 def explore_cmd(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eqsched", "explore", *args],
@@ -53,3 +55,14 @@ def test_an_unknown_cost_model_is_one_line(tmp_path):
 def test_a_bad_budget_is_one_line(tmp_path):
     proc = explore_cmd("matmul", "--trials", "0", "--db", str(tmp_path / "x.db"))
     assert_one_line_error(proc, "--trials must be >= 1")
+
+
+def test_the_target_is_reported_and_stored(tmp_path):
+    db = tmp_path / "x.db"
+    proc = explore_cmd("matmul", "--size", "16,32,8", "--trials", "2", "--batch", "2",
+                       "--db", str(db), "--cost-model", "random", "--repeats", "1",
+                       "--threads", "1", "--target", "haswell", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["target"] == "haswell"
+    with Database(db) as d:
+        assert {r.target for r in d.records(target=None)} == {"haswell"}

@@ -6,9 +6,10 @@ import sys
 
 from test_cli import ENV, assert_one_line_error
 
+from eqsched.backend import Target
 from eqsched.egraph.encode import encode
 from eqsched.egraph.space import build_space
-from eqsched.egraph.term import show
+from eqsched.egraph.term import show, vector_lanes
 from eqsched.ir import naive_program
 from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
@@ -56,6 +57,18 @@ def test_contributions_count_the_space_without_each_rule():
     assert {"tile", "reorder", "vectorize"} <= set(contributions)
     assert all(n <= out["programs"] for n in contributions.values())
     assert contributions["tile"] < out["programs"]
+
+
+def test_the_vector_lanes_follow_the_target():
+    host = json.loads(space_cmd("matmul", "--size", "16,16,8", "--json").stdout)
+    avx2 = json.loads(space_cmd("matmul", "--size", "16,16,8", "--json", "--target",
+                                "host,-avx512f").stdout)
+    assert host["vector_lanes"] == list(vector_lanes(Target.host().vector_lanes))
+    assert avx2["target"] == "host,-avx512f" and avx2["vector_lanes"] == [4, 8, 16, 32]
+    naive = naive_program(get_workload("matmul").build(16, 16, 8))
+    assert avx2["programs"] == build_space(naive, default_rules(),
+                                           vector_lanes=(4, 8, 16, 32)).count()
+    assert avx2["structures"] == host["structures"]
 
 
 def test_dot_output(tmp_path):

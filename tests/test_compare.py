@@ -37,6 +37,12 @@ def test_without_a_rule_is_a_subset_of_the_default_set():
     assert cmp.a_in_b.intersection == cmp.a.programs
 
 
+def test_both_spaces_take_the_targets_vector_lanes():
+    cmp = compare_spaces("matmul", SMALL, "vectorize", "vectorize", samples=50,
+                         vector_lanes=(4, 8, 16, 32))
+    assert cmp.vector_lanes == [4, 8, 16, 32] and "4, 8, 16, 32 lanes" in cmp.text()
+
+
 def test_spaces_no_larger_than_the_sample_are_tested_whole():
     cmp = compare_spaces("matmul", SMALL, "reorder", "vectorize", samples=50)
     assert cmp.a_in_b.exact and cmp.b_in_a.exact
@@ -50,7 +56,8 @@ def test_cli_compare_json(capsys):
     assert main(["experiment", "compare", "matmul", "--size", size, "--rules-b=-pack",
                  "--samples", "20", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"workload", "size", "a", "b", "a_in_b", "b_in_a", "statements"}
+    assert set(out) == {"workload", "size", "a", "b", "a_in_b", "b_in_a", "statements",
+                        "vector_lanes"}
     assert out["a"]["label"] == "default" and out["b"]["label"] == "-pack"
     assert out["b_in_a"]["fraction"] == 1.0 and out["a"]["programs"] > out["b"]["programs"]
 

@@ -1,15 +1,25 @@
-"""The results database: storing measurements, resuming, the best program, bad files, JSON lines."""
+"""The results database: storing measurements, resuming, the best program, targets, old
+databases, bad files, JSON lines."""
 
 import dataclasses
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from eqsched.db import Database, DatabaseError, Record, machine_fingerprint, workload_key
+from eqsched.db import (
+    Database,
+    DatabaseError,
+    Record,
+    machine_fingerprint,
+    training_rows,
+    workload_key,
+)
 
 SIZE = [64, 32, 16]
 TRACE = [{"op": "split", "args": {"loop": "C.i", "factors": [8]}}]
@@ -84,6 +94,58 @@ def test_another_machines_record_is_kept_but_not_answered_for(db):
     assert [r.machine_fp for r in db.records(all_machines=True)] == ["elsewhere"]
     assert db.add(record("h1", median_s=2e-3))  # this machine measures it for itself
     assert db.best("matmul", SIZE).median_s == 2e-3
+
+
+# ---- targets ---------------------------------------------------------------------------------
+
+AVX2 = "host,-avx512f"
+
+
+def test_records_of_two_targets_never_mix(db):
+    assert db.add(record("h1", median_s=1e-3))  # the host by default
+    assert db.add(record("h1", median_s=3e-3, target=AVX2))  # the same program, another target
+    assert not db.add(record("h1", median_s=9e-3, target=AVX2))  # kept as it was
+    assert db.lookup("matmul", SIZE, "h1").median_s == 1e-3
+    assert db.lookup("matmul", SIZE, "h1", target=AVX2).median_s == 3e-3
+    assert db.lookup("matmul", SIZE, "h1", target="haswell") is None
+    db.add(record("h2", median_s=2e-3, target=AVX2))
+    assert db.best("matmul", SIZE).program_hash == "h1"
+    assert db.best("matmul", SIZE, target=AVX2).program_hash == "h2"
+    assert [r.target for r in db.records()] == ["host"]
+    assert [r.program_hash for r in db.records(target=AVX2)] == ["h1", "h2"]
+    assert len(db.records(target=None)) == 3
+
+
+def test_training_rows_are_one_targets(db):
+    db.add(record("h1", median_s=1e-3, trace=[]))
+    db.add(record("h2", median_s=2e-3, trace=[], target=AVX2))
+    assert [r.program_hash for r in training_rows(db)] == ["h1"]
+    assert [r.program_hash for r in training_rows(db, target=AVX2)] == ["h2"]
+
+
+# Made by eqsched at commit 4f6d35d (schema version 1, before targets): one run with two
+# measurements, h1 (1 ms) and h2 (2 ms) of matmul 64x32x16, on the machine fingerprinted "here".
+SCHEMA_V1 = Path(__file__).parent / "data" / "schema_v1.sqlite"
+
+
+def test_a_version_1_database_reads_as_the_hosts_and_is_migrated_on_writing(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(SCHEMA_V1, path)
+    with Database(path, readonly=True, machine_fp="here") as old:
+        assert [(r.program_hash, r.target) for r in old.records()] == [("h1", "host"),
+                                                                      ("h2", "host")]
+        assert old.best("matmul", SIZE).program_hash == "h1"
+        assert old.lookup("matmul", SIZE, "h1", target=AVX2) is None
+    assert SCHEMA_V1.read_bytes() == path.read_bytes()  # reading changed nothing
+    with Database(path, machine_fp="here") as db:
+        assert db.lookup("matmul", SIZE, "h2").median_s == 2e-3
+        assert not db.add(record("h1", median_s=5e-3))  # the host's, measured before
+        assert db.add(record("h1", median_s=5e-3, target=AVX2))
+        assert db.runs()[0]["status"] == "done"
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    assert version == ("2",)
 
 
 def test_runs_are_started_and_finished(db):
@@ -169,10 +231,10 @@ def test_a_newer_schema_version_is_refused(tmp_path):
     path = tmp_path / "results.db"
     Database(path, machine_fp="here").close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     conn.close()
-    with pytest.raises(DatabaseError, match=r"newer eqsched \(schema version 2; this eqsched "
-                                            r"reads version 1\)"):
+    with pytest.raises(DatabaseError, match=r"newer eqsched \(schema version 3; this eqsched "
+                                            r"reads version 2\)"):
         Database(path)
 
 
@@ -233,6 +295,15 @@ def test_import_names_the_malformed_line(db, tmp_path, bad_line, message):
         assert fresh.records() == []  # nothing imported from a bad file
 
 
+def test_a_measurement_exported_before_targets_imports_as_the_hosts(db, tmp_path):
+    line = {"type": "measurement", **record("h1", machine_fp="here").__dict__}
+    del line["target"]
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    assert db.import_jsonl(path) == 1
+    assert db.lookup("matmul", SIZE, "h1").target == "host"
+
+
 def test_import_checks_field_types_and_run_references(db, tmp_path):
     good = {"type": "measurement", **record("h1", run_id=5, machine_fp="x").__dict__}
     path = tmp_path / "in.jsonl"
@@ -264,3 +335,36 @@ def test_two_processes_write_to_one_file(tmp_path):
     assert [w.wait(timeout=60) for w in writers] == [0, 0]
     with Database(path, machine_fp="here") as db:
         assert len(db.records("matmul", [4])) == 40
+
+
+def test_training_rows_are_one_machines_correct_timings_at_one_thread_count(tmp_path):
+    with Database(tmp_path / "t.db", machine_fp="here") as db:
+        run = start(db)
+        db.add(record("serial", 2e-3, run_id=run))
+        db.add(record("par/threads=2", 1e-3, run_id=run))
+        db.add(record("par/threads=1", 3e-3, run_id=run))
+        db.add(record("wrong", 1e-3, correct=False, run_id=run))
+        db.add(record("crashed", None, correct=None, error="crash", run_id=run))
+        db.add(record("elsewhere", 1e-3, run_id=run, machine_fp="there"))
+        db.add(dataclasses.replace(record("softmax", 1e-3, run_id=run), workload="softmax",
+                                   size=[4, 4]))
+        hashes = [r.program_hash for r in training_rows(db, threads=2)]
+        assert hashes == ["serial", "par/threads=2", "softmax"]
+        assert [r.program_hash for r in training_rows(db, "there")] == ["elsewhere"]
+        only = training_rows(db, workloads=["softmax"])
+        assert [(r.key, r.median_s) for r in only] == [("softmax/4x4", 1e-3)]
+
+
+def test_derived_values_are_a_cache_old_databases_open_without(tmp_path):
+    path = tmp_path / "old.db"
+    with Database(path) as db:
+        db.add(record("a", run_id=start(db)))
+        db._conn.execute("DROP TABLE derived")  # as written by an eqsched before the cache
+    with Database(path, readonly=True) as db:
+        assert db.derived("k", [1]) == {}
+        with pytest.raises(DatabaseError, match="read-only"):
+            db.store_derived("k", {1: [1.0]})
+    with Database(path) as db:  # opened for writing, it gains the table
+        db.store_derived("k", {1: [1.0, 2.5]})
+        assert db.derived("k", [1, 2]) == {1: [1.0, 2.5]} and db.derived("other", [1]) == {}
+        assert db.export_jsonl(tmp_path / "x.jsonl") == 2  # a run and a measurement, no cache

@@ -2,10 +2,12 @@
 
 import json
 
+import pytest
 from egglog import EGraph
 
 from eqsched.egraph.lang import SERIALIZED_OPS, root_expr
 from eqsched.egraph.term import (
+    VECTOR_LANES,
     BlockRef,
     Cached,
     PackRef,
@@ -17,6 +19,7 @@ from eqsched.egraph.term import (
     show,
     split_path,
     symbols,
+    vector_lanes,
 )
 
 TILED = Term(
@@ -45,6 +48,15 @@ def test_kinds_constrain_extents():
     assert extent_allowed("vector", 16) and not extent_allowed("vector", 12)
     assert extent_allowed("unroll", 16) and not extent_allowed("unroll", 17)
     assert extent_allowed("serial", 1000)
+
+
+def test_vector_lanes_run_from_half_a_register_to_four():
+    assert vector_lanes(16) == VECTOR_LANES == (8, 16, 32, 64)  # 512-bit registers
+    assert vector_lanes(8) == (4, 8, 16, 32)  # 256-bit (AVX2)
+    assert extent_allowed("vector", 4, vector_lanes(8)) and not extent_allowed("vector", 64,
+                                                                               vector_lanes(8))
+    with pytest.raises(ValueError, match="power of two"):
+        vector_lanes(12)
 
 
 def test_egglog_form_uses_only_known_operators():

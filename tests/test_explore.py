@@ -4,8 +4,11 @@ import json
 
 import pytest
 
+import eqsched.explore as explore_module
+from eqsched.backend import CompileOptions, Target, TargetError, compile_program
+from eqsched.backend import target as target_module
 from eqsched.db import Database
-from eqsched.explore import Settings, explore
+from eqsched.explore import Settings, explore, search_beside_measuring
 from eqsched.ir import naive_program
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
@@ -27,6 +30,7 @@ def test_an_exploration_measures_checks_and_stores_every_trial(tmp_path):
     assert len(result.trials) == 8 and result.measured == 8 and len(result.rounds) == 2
     assert result.best is not None and result.best.correct
     assert result.best.median_s == min(t.median_s for t in result.trials if t.correct)
+    assert result.stop_reason == "the trial budget (8) is spent"
     with Database(db) as d:
         records = d.records("matmul", SIZE)
         # Programs with parallel loops are keyed with the thread count they were timed with.
@@ -67,6 +71,13 @@ def test_searching_while_measuring_proposes_what_searching_after_would(tmp_path,
     assert [t.program_hash for t in waited.trials] == [t.program_hash for t in overlapped.trials]
 
 
+def test_the_search_runs_beside_measurements_only_on_a_core_they_leave_free(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert search_beside_measuring(jobs=1, threads=1)
+    assert not search_beside_measuring(jobs=1, threads=2)  # a parallel program takes both
+    assert not search_beside_measuring(jobs=2, threads=1)
+
+
 def test_an_interrupt_in_the_middle_of_a_round_keeps_its_finished_trials(tmp_path, monkeypatch):
     import eqsched.trials as trials_module
 
@@ -94,13 +105,49 @@ def test_an_interrupted_run_keeps_its_measurements_and_resumes(tmp_path):
             raise KeyboardInterrupt
 
     cut = run(db, progress=stop_after_first_round)
-    assert cut.interrupted and len(cut.trials) == 4
+    assert cut.interrupted and len(cut.trials) == 4 and cut.stop_reason == "interrupted"
     with Database(db) as d:
         assert len(d.records("matmul", SIZE)) == 4
         assert d.runs("matmul", SIZE)[0]["status"] == "interrupted"
     resumed = run(db)
     assert resumed.measured == 4 and len(resumed.trials) == 8
     assert all(t.cached for t in resumed.trials[:4])
+
+
+def test_a_space_smaller_than_the_budget_ends_early_and_says_so(tmp_path, within):
+    events = []
+    db = tmp_path / "x.db"
+    with within(300):
+        # Inlining and a parallel outer loop split nothing: a space of a few programs.
+        result = explore("elementwise_chain", (31,), trials=64, batch=8, db=db, seed=0,
+                         rules=["inline", "parallel"], cost_model="random", settings=FAST,
+                         measure_naive=False, progress=lambda event, data: events.append(event))
+    programs = result.space["programs"]
+    assert 1 < programs < 64 and len(result.trials) == programs
+    assert len({t.program_hash for t in result.trials}) == programs
+    assert result.stop_reason == f"the space has {programs} programs; all measured"
+    assert events[-1] == "exhausted"
+    with Database(db) as d:
+        (run_row,) = d.runs("elementwise_chain", (31,))
+        assert run_row["status"] == "done"
+        assert run_row["summary"]["stop_reason"] == result.stop_reason
+
+
+def test_a_round_searched_while_the_time_ran_out_is_not_measured(tmp_path, monkeypatch):
+    import eqsched.explore as explore_module
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)  # round 1 is searched while 0 is measured
+    rounds_done = []
+
+    def count_rounds(event, data):
+        if event == "round":
+            rounds_done.append(data["round"])
+
+    # The clock runs out as round 0 ends, after round 1 was searched.
+    monkeypatch.setattr(explore_module._Budget, "out_of_time", lambda budget: bool(rounds_done))
+    result = run(tmp_path / "x.db", seconds=3600, progress=count_rounds)
+    assert [len(r.trials) for r in result.rounds] == [4]
+    assert result.stop_reason == "the time budget (3600 s) is spent"
 
 
 def test_rank_correlation_is_reported_per_round(tmp_path):
@@ -136,6 +183,35 @@ def test_bad_arguments_are_refused():
         explore("matmul", SIZE, trials=0)
 
 
+AVX2 = "host,-avx512f"
+
+
+def test_another_target_measures_everything_again_and_the_same_target_reuses(tmp_path):
+    db = tmp_path / "x.db"
+    run(db, trials=4)
+    avx2 = run(db, trials=4, target=AVX2)
+    assert avx2.target == AVX2 and avx2.measured == len(avx2.trials) == 4
+    assert run(db, trials=4, target=AVX2).measured == 0
+    with Database(db) as d:
+        assert len(d.records("matmul", SIZE)) == len(d.records("matmul", SIZE, target=AVX2)) == 4
+        assert [r["config"]["target"] for r in d.runs()] == ["host", AVX2, AVX2]
+    best = compile_program(avx2.best_program, CompileOptions(target=Target.parse(AVX2)))
+    assert "zmm" not in best.asm()
+
+
+def test_a_target_is_refused_before_anything_is_saturated(tmp_path, monkeypatch):
+    def no_saturating(*args, **kwargs):
+        raise AssertionError("saturated, though the target was refused")
+
+    monkeypatch.setattr(explore_module, "saturate", no_saturating)
+    with pytest.raises(TargetError, match="LLVM knows no x86 CPU"):
+        run(tmp_path / "x.db", target="nosuchcpu")
+    no_avx512 = {**target_module._host_feature_map(), "avx512f": False}
+    monkeypatch.setattr(target_module, "_host_feature_map", lambda: no_avx512)
+    with pytest.raises(TargetError, match="needs avx512f, which this CPU"):
+        run(tmp_path / "x.db", target="skylake-avx512")
+
+
 def test_a_run_that_fails_is_marked_failed_and_keeps_its_measurements(tmp_path):
     db = tmp_path / "x.db"
 
@@ -148,3 +224,15 @@ def test_a_run_that_fails_is_marked_failed_and_keeps_its_measurements(tmp_path):
     with Database(db) as d:
         assert d.runs("matmul", SIZE)[0]["status"] == "failed"
         assert len(d.records("matmul", SIZE)) == 8
+
+
+def test_the_learned_model_starts_from_the_databases_measurements(tmp_path):
+    db = tmp_path / "x.db"
+    run(db, trials=4)  # measured with the random model: stored programs of this machine
+    with Database(db) as d:
+        stored = sum(1 for r in d.records() if r.correct)
+    events = []
+    explore("matmul", SIZE, db=db, seed=0, cost_model="learned", settings=FAST, trials=4,
+            batch=4, measure_naive=False, progress=lambda event, data: events.append(
+                (event, data)))
+    assert stored > 0 and ("learning", {"stored": stored}) in events

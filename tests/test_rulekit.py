@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from eqsched.backend import Target
 from eqsched.rules import DEFAULT, RULES, RuleError
 from eqsched.tools.rulekit import check_rule, load_module, rule_rows
 
@@ -31,6 +32,13 @@ def test_every_default_rule_is_sound_on_the_programs_it_changes(name):
     assert check.sound, check.failures[0]
     assert check.programs_checked >= 1
     assert [row["workload"] for row in check.effect] == workloads
+
+
+def test_vectorize_is_sound_at_an_avx2_targets_vector_lanes():
+    check = check_rule("vectorize", workloads=["matmul"], programs=2, measure=False,
+                       target=Target.parse("host,-avx512f"))
+    assert check.sound, check.failures[0]
+    assert check.programs_checked >= 1
 
 
 def test_the_wrong_rule_is_flagged_with_its_smallest_failing_program(wrong_rule):

@@ -14,6 +14,7 @@ from eqsched.egraph.facts import facts_of
 from eqsched.egraph.saturate import saturate
 from eqsched.ir import naive_program
 from eqsched.rules import DEFAULT, RULES, Rule, RuleError, default_rules, register, resolve
+from eqsched.rules.analysis import blocked_groups
 from eqsched.rules.fuse import fusible, unsafe_groups
 from eqsched.te import Computation, compute, placeholder
 from eqsched.workloads import get_workload
@@ -200,9 +201,16 @@ def test_unrolled_loops_can_hold_the_register_tile(matmul):
     assert unrolled and all(register_tile(body) for body in unrolled)
 
 
-def test_parallel_only_at_the_root_and_never_over_a_reduction(chain):
-    g = Graph(chain)
-    facts = facts_of(chain.naive)
+@pytest.fixture(scope="module")
+def conv():
+    return saturate(naive("conv2d_nchw"), default_rules())
+
+
+@pytest.mark.parametrize("space", ["chain", "conv"])
+def test_parallel_only_at_the_root_and_never_over_a_reduction(space, request):
+    sat = request.getfixturevalue(space)
+    g = Graph(sat)
+    facts = facts_of(sat.naive)
     parents = {}
     for members in g.nodes.values():
         for op, _, kids in members:
@@ -215,6 +223,18 @@ def test_parallel_only_at_the_root_and_never_over_a_reduction(chain):
         assert parents[cls] == {"Root.rcons"}
         body = next(kids[0] for op, lit, kids in g.nodes[cls] if lit[2] == "parallel")
         assert not any(group in facts.reduce_groups[b] for b in g.reach(body)[0])
+
+
+def test_a_batch_of_one_shares_the_loop_below_it_among_threads(conv):
+    # The batch loop (extent 1) stays at the root of every nest; a loop from under it runs in
+    # parallel around it, else a one-image convolution would have nothing to share.
+    g = Graph(conv)
+    facts = facts_of(conv.naive)
+    batch = facts.group("Y.update", "n")
+    assert facts.extents[batch] == 1
+    shared = {group for group, _, kind, body in g.loops() if kind == "parallel"
+              and (batch, "") in g.reach(body)[1]}
+    assert {facts.group("Y.update", axis) for axis in ("k", "p", "q")} <= shared
 
 
 # ---- fuse ----------------------------------------------------------------------------------
@@ -290,4 +310,45 @@ def test_inline_takes_the_intermediate_above_the_statement_list(chain):
 def test_pack_panels_the_operand_along_the_unit_stride_group(chain):
     g = Graph(chain)
     packs = {lit for members in g.nodes.values() for op, lit, _ in members if op == "Root.packed"}
-    assert packs == {("C.update", "B", 1), ("F.update", "E", 1)}
+    # the small chain's rows (C[8, 12], F[8, 10]) hold no vector: C is blocked along i and packs
+    # A[i, k] along i; F's operand E[m, j] has no i
+    assert packs == {("C.update", "A", 0)}
+    g = Graph(saturate(naive("matmul", 16, 48, 8), default_rules()))
+    packs = {lit for members in g.nodes.values() for op, lit, _ in members if op == "Root.packed"}
+    assert packs == {("C.update", "B", 1)}
+
+
+# ---- vectorizing across the output's innermost axis (a blocked layout) ---------------------
+
+
+@pytest.fixture(scope="module")
+def late_conv():
+    """A late ResNet stage in small: 5x5 outputs (no vector fits a row), 16 output channels."""
+    return saturate(naive("conv2d_nchw", 1, 3, 5, 5, 16, 3, 3, 1, 1), default_rules())
+
+
+def test_only_stages_whose_rows_hold_no_vector_are_blocked():
+    for name in ("matmul", "conv2d_nchw", "mm_exp_mm", "softmax", "elementwise_chain"):
+        wl = get_workload(name)
+        assert blocked_groups(facts_of(naive_program(wl.build(*wl.default_size)))) == {}, name
+    # mlp's second layer has 10 outputs a row: it vectorizes over the batch (the group of L1.b)
+    assert blocked_groups(facts_of(naive("mlp", 128, 784, 128, 10))) == {"L2": "L1.b"}
+    late = facts_of(naive("conv2d_nchw", 1, 512, 7, 7, 512, 3, 3, 1, 1))
+    assert blocked_groups(late) == {"Y": "Y.k"}  # Y[n, k, p, q]: q = 7, k = 512
+    assert blocked_groups(facts_of(naive("matmul", 16, 5, 7))) == {"C": "C.i"}
+    assert blocked_groups(facts_of(naive("matmul", 7, 5, 7))) == {}  # nothing holds a vector
+
+
+def test_a_blocked_stage_vectorizes_and_tiles_along_its_blocked_group(late_conv):
+    g = Graph(late_conv)
+    vector = {(grp, path) for grp, path, kind, body in g.loops() if kind == "vector"}
+    # the unit-stride rows (Y.q of 5, Xpad.w of 7) keep their rule: no lane count fits them
+    # whole, their innermost pieces take 8 lanes with a remainder (term.remainder_tiles)
+    assert vector == {("Y.k", ""), ("Y.k", "3/4"), ("Y.q", ""), ("Y.q", "3/4"), ("Xpad.w", ""),
+                      ("Xpad.w", "3/4")}
+    anchors = {lit[:2] for members in g.nodes.values() for op, lit, kids in members
+               if op == "loop" for o, _, head in g.nodes[kids[0]]
+               if o == "Body.cons" and any(x[0] == "cached" for x in g.nodes[head[0]])}
+    assert anchors == {("Y.k", "1/4")}  # the tile's loops over Y.k end in its vector piece
+    packs = {lit for members in g.nodes.values() for op, lit, _ in members if op == "Root.packed"}
+    assert packs == {("Y.update", "W", 0)}

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from eqsched.backend import CompileOptions, Target
 from eqsched.expr import Const
 from eqsched.ir import Block, Loop, LoopKind, map_nodes, naive_program
 from eqsched.runner import Measurement, measure
@@ -35,6 +36,14 @@ def test_a_correct_program_is_checked_then_timed(matmul):
                                   "time_budget_s": None, "min_repeats": 1}
     assert m.info["program_hash"] == matmul.hash()
     assert isinstance(m.to_json()["times"], list)
+
+
+def test_the_target_reaches_the_worker(matmul):
+    avx2 = CompileOptions(target=Target.parse("host,-avx512f"), threads=1)
+    m = measure(matmul, repeats=1, warmup=0, options=avx2)
+    assert m.error is None and m.correct
+    assert m.info["backend"]["target"] == "host,-avx512f"
+    assert m.info["backend"]["vector_bits"] == 256
 
 
 def test_a_wrong_program_is_reported_and_not_timed(matmul):

@@ -10,7 +10,7 @@ from eqsched.extract import CostModel, EvolutionarySearch, get_cost_model
 from eqsched.extract.search import unrolled_copies
 from eqsched.ir import LoopKind, naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
-from eqsched.rules import default_rules
+from eqsched.rules import default_rules, resolve
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
 
@@ -221,3 +221,53 @@ def test_a_space_with_nothing_buildable_proposes_nothing(space):
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=0, population=4,
                                 max_attempts=2, max_unrolled=0)
     assert search.propose(3) == []
+
+
+
+@pytest.fixture(scope="module")
+def tiny_space():
+    # Inlining and a parallel outer loop split nothing: 18 programs at any size.
+    naive = naive_program(get_workload("elementwise_chain").build(31))
+    return build_space(naive, resolve(["inline", "parallel"]))
+
+
+def proposals_until_empty(search, k, rounds):
+    """Every batch `search` proposes, excluding what it proposed before, until it proposes
+    nothing or `rounds` batches were asked for."""
+    tried, batches = set(), []
+    for _ in range(rounds):
+        batch = search.propose(k, exclude=tried)
+        batches.append(batch)
+        if not batch:
+            break
+        tried |= {c.hash for c, _ in batch}
+    return batches
+
+
+def test_a_small_space_is_ranked_whole_and_runs_out(tiny_space, within):
+    total = tiny_space.count()
+    model = FewestScalarIterations()
+    search = EvolutionarySearch(tiny_space, model, seed=0, random_fraction=0)
+    assert total < search.whole_space
+    with within(60):
+        batches = proposals_until_empty(search, 5, rounds=total)
+    proposed = [c for batch in batches for c, _ in batch]
+    assert len(proposed) == len({c.hash for c in proposed}) == total
+    assert all(tiny_space.contains(c.term, c.sizes) for c in proposed)
+    # Ranked whole, the first proposal is the model's best program of the space.
+    everything = model.predict([c.program for c in search.every_candidate()])
+    assert batches[0][0][1] == everything.min()
+    assert [len(b) for b in batches[-2:]] == [total % 5 or 5, 0]
+    assert search.exhausted == f"the space has {total} programs; all measured"
+
+
+def test_a_population_larger_than_the_space_is_not_drawn_for_ever(tiny_space, within):
+    # Evolved, not ranked whole: 64 distinct programs cannot be drawn from a space of 18.
+    search = EvolutionarySearch(tiny_space, FewestScalarIterations(), seed=0, population=64,
+                                generations=1, whole_space=0)
+    with within(60):
+        batches = proposals_until_empty(search, 4, rounds=tiny_space.count())
+    proposed = [c.hash for batch in batches for c, _ in batch]
+    assert proposed and len(proposed) == len(set(proposed)) <= tiny_space.count()
+    assert batches[-1] == []
+    assert search.exhausted.startswith("the search found no more untried programs among")

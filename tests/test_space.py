@@ -28,6 +28,7 @@ from eqsched.egraph.term import (
     pack_symbol,
     parent_path,
     symbols,
+    vector_lanes,
     walk,
 )
 from eqsched.ir import Program, naive_program
@@ -60,8 +61,9 @@ class HandSaturation:
         return self.data
 
 
-def hand_space(root: Term, unions=(), naive: Program = NAIVE) -> Space:
-    """The space of an e-graph holding `root` with each pair of statements or roots unioned."""
+def hand_space(root: Term, unions=(), naive: Program = NAIVE, lanes=VECTOR_LANES) -> Space:
+    """The space of an e-graph holding `root` with each pair of statements or roots unioned
+    (vector pieces of `lanes`)."""
     eg = EGraph()
     top = eg.let("top", root_expr(root))
     for a, b in unions:
@@ -70,7 +72,7 @@ def hand_space(root: Term, unions=(), naive: Program = NAIVE) -> Space:
     eg.run(1)
     data = json.loads(eg._serialize().to_json())
     root_class = next(c for c, d in data["class_data"].items() if d.get("let") == "$top")
-    return Space(HandSaturation(naive, facts_of(naive), data, root_class))
+    return Space(HandSaturation(naive, facts_of(naive), data, root_class), lanes)
 
 
 # The test space: the init nest reordered or not, its j loop split in two (inner piece serial or
@@ -137,7 +139,8 @@ def brute_force(sp: Space) -> set:
 
     def valid(term, sizes):
         for s, _ in walk(term.body):
-            if isinstance(s, PieceLoop) and not extent_allowed(s.kind, sizes[(s.group, s.path)]):
+            if isinstance(s, PieceLoop) and not extent_allowed(s.kind, sizes[(s.group, s.path)],
+                                                               sp.vector_lanes):
                 return False
         for group, extent in sp.facts.extents.items():
             used = {p for g, p in sizes if g == group}
@@ -236,6 +239,17 @@ def test_a_split_may_leave_a_remainder_counted_like_brute_force():
     for term, sizes in programs:
         assert sp.contains(term, sizes)
         realize(term, sizes, twelve)
+
+
+def test_the_vector_lanes_follow_the_target():
+    # A 256-bit register (AVX2: 8 lanes) allows vector pieces of 4, 8, 16 and 32 lanes: the
+    # init nest's vector piece of 16 columns has 3 sizes (4, 8, 16) instead of 2 (8, 16).
+    avx2 = hand_space(NAIVE_TERM, UNIONS, lanes=vector_lanes(8))
+    assert avx2.vector_lanes == (4, 8, 16, 32)
+    assert avx2.count() == 10 + 10 * 4
+    assert avx2.count_structures() == 4 + 4
+    programs = avx2.enumerate()
+    assert len(programs) == avx2.count() and as_set(programs) == brute_force(avx2)
 
 
 def test_a_piece_vectorized_anywhere_takes_the_vector_constraint():

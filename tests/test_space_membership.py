@@ -9,8 +9,10 @@ the same loop nest with extent-1 middle pieces.
 
 import pytest
 
+from eqsched.backend import compile_program
 from eqsched.egraph.space import build_space
-from eqsched.ir import naive_program
+from eqsched.ir import LoopKind, naive_program
+from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
@@ -93,3 +95,30 @@ def test_an_illegal_program_is_not_a_member(space_and_naive):
     # their order in the space, so this permutation is not in it (it is legal, merely excluded).
     sch.reorder("C.j.1", "C.i.0")
     assert not space.contains_program(sch.program)
+
+
+def test_a_late_conv2d_stage_vectorized_over_its_output_channels():
+    """conv2d with 7x7 outputs (no vector fits a row): the NCHW[x]c schedule, k in vectors of
+    16 held in a local tile of 2 vectors x 7 columns, the weight packed so that k is contiguous,
+    the tile written back to Y[n, k, p, q] with a scatter."""
+    naive = naive_program(get_workload("conv2d_nchw").build(1, 16, 7, 7, 64, 3, 3, 1, 1))
+    sch = Schedule(naive)
+    sch.split("Y.k", [2, 1, 2, 16])
+    sch.split("Y.rc", [16, 1])
+    sch.reorder("Y.n", "Y.k.0", "Y.p", "Y.k.1", "Y.rc.0", "Y.ry", "Y.rx", "Y.rc.1", "Y.q", "Y.k.2",
+                "Y.k.3")
+    sch.fuse("Y.init", at="Y.k.1")
+    sch.reorder("Y.init.q", "Y.init.k.2", "Y.init.k.3")
+    for loop in ("Y.q", "Y.k.2", "Y.init.q", "Y.init.k.2"):
+        sch.unroll(loop)
+    for loop in ("Y.k.3", "Y.init.k.3"):
+        sch.vectorize(loop)
+    sch.cache_write("Y.update", at="Y.k.1")
+    sch.pack("Y.update", "W", dim=0, factor=16)
+    assert sch.program.loop("Y.write.k.3").kind == LoopKind.VECTOR  # the scattered write-back
+    assert build_space(naive, default_rules()).contains_program(sch.program)
+    comp = naive.computation
+    inputs = random_inputs(comp, seed=1)
+    ok, _, message = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
+                             tolerance(comp))
+    assert ok, message

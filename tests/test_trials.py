@@ -7,6 +7,7 @@ import threading
 import pytest
 
 import eqsched.trials as trials_module
+from eqsched.backend import TargetError
 from eqsched.db import Database
 from eqsched.egraph.derive import DeriveError
 from eqsched.egraph.space import build_space
@@ -67,6 +68,25 @@ def test_a_stored_measurement_is_looked_up_not_measured_again(db, naive, candida
     assert len(db.records("matmul", SIZE)) == 1
 
 
+def test_a_measurement_is_stored_and_looked_up_under_its_target(db, naive, candidate,
+                                                                 monkeypatch):
+    host = measurer(db, naive).trial(candidate, 1e-3, round_index=0)
+    avx2 = Settings(repeats=2, warmup=0, threads=1, target="host, -avx512f")
+    assert avx2.target == "host,-avx512f"  # normalized: the name it is stored under
+    other = Measurer(db, "matmul", SIZE, naive, avx2, None, TimingGate())
+    first = other.trial(candidate, 1e-3, round_index=0)
+    assert not host.cached and not first.cached  # the host's record does not answer for AVX2
+    assert [r.target for r in db.records("matmul", SIZE, target=None)] == ["host",
+                                                                           "host,-avx512f"]
+    monkeypatch.setattr(trials_module, "measure", no_measuring)
+    assert other.trial(candidate, 1e-3, round_index=1).cached  # the same target again
+
+
+def test_an_unknown_target_is_refused_by_the_settings():
+    with pytest.raises(TargetError, match="LLVM knows no x86 CPU"):
+        Settings(target="nosuchcpu")
+
+
 def test_a_candidate_whose_trace_cannot_be_derived_is_recorded_as_an_error(db, naive, candidate,
                                                                           monkeypatch):
     cand = dataclasses.replace(candidate)  # a copy whose trace is not derived yet
@@ -83,13 +103,17 @@ def test_a_candidate_whose_trace_cannot_be_derived_is_recorded_as_an_error(db, n
     assert record.error == trial.error and record.trace == [] and record.median_s is None
 
 
-def test_the_naive_time_is_measured_once_per_machine(db, naive, monkeypatch):
+def test_the_naive_time_is_measured_once_per_machine_and_target(db, naive, monkeypatch):
     first = measurer(db, naive).naive_median_s()
     assert first > 0
+    avx2 = Measurer(db, "matmul", SIZE, naive, dataclasses.replace(FAST, target="haswell"),
+                    None, TimingGate())
+    assert avx2.naive_median_s() > 0
     monkeypatch.setattr(trials_module, "measure", no_measuring)
     assert measurer(db, naive).naive_median_s() == first
     (record,) = db.records("matmul", SIZE)
     assert record.structure == "naive" and record.program_hash == naive.hash()
+    assert db.records("matmul", SIZE, target="haswell")[0].program_hash == naive.hash()
 
 
 def test_the_timing_gate_holds_the_search_while_a_candidate_is_timed():

@@ -1,6 +1,7 @@
-"""The LLVM backend: compile a loop program for this CPU and run it on numpy arrays.
+"""The LLVM backend: compile a loop program for a target CPU and run it on numpy arrays.
 
-    kernel = compile_program(prog)            # CompileOptions() by default
+    kernel = compile_program(prog)            # CompileOptions() by default: the host target
+    compile_program(prog, CompileOptions(target=Target.parse("host,-avx512f")))
     kernel(A, B, C)                           # prog.inputs + prog.outputs, float32, in place
     kernel.info                               # LLVM/CPU/pass settings to store with a timing
 
@@ -11,5 +12,7 @@ from .compiler import compile_program
 from .errors import BackendError
 from .kernel import Kernel, aligned_empty
 from .options import CompileOptions
+from .target import Target, TargetError
 
-__all__ = ["BackendError", "CompileOptions", "Kernel", "aligned_empty", "compile_program"]
+__all__ = ["BackendError", "CompileOptions", "Kernel", "Target", "TargetError", "aligned_empty",
+           "compile_program"]

@@ -1,4 +1,4 @@
-"""compile_program: lower, optimize, JIT; cached per (program, options, CPU) in this process.
+"""compile_program: lower, optimize, JIT; cached per (program, options) in this process.
 
 See docs/ARCHITECTURE.md §7 Backend and target.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import llvmlite
 import llvmlite.binding as llvm
 
 from ..ir import Program
@@ -15,17 +16,17 @@ from .errors import BackendError
 from .kernel import Kernel
 from .lower import lower
 from .options import CompileOptions
-from .target import create_target_machine, describe, host, optimize, target_machine
+from .target import create_target_machine, host, target_machine
 
 _cache: dict[tuple[object, ...], Kernel] = {}
 _cache_lock = threading.Lock()
 
 
 def compile_program(prog: Program, options: CompileOptions | None = None) -> Kernel:
-    """Compile `prog` for this CPU; compiling the same program with the same options is free."""
+    """Compile `prog` for `options.target`; compiling it again with the same options is free."""
     options = options or CompileOptions()
-    cpu = host()
-    key = (prog.hash(), options, cpu["cpu_name"], cpu["cpu_features"])
+    options.target.check_runs_here()
+    key = (prog.hash(), options)
     with _cache_lock:
         if key in _cache:
             return _cache[key]
@@ -36,7 +37,7 @@ def compile_program(prog: Program, options: CompileOptions | None = None) -> Ker
 
 def _compile(prog: Program, options: CompileOptions) -> Kernel:
     start = time.perf_counter()
-    tm = target_machine(options.opt_level)
+    tm = target_machine(options.opt_level, options.target)
     module, segments = lower(prog, host()["triple"], str(tm.target_data))
     try:
         llvm_module = llvm.parse_assembly(str(module))
@@ -47,9 +48,36 @@ def _compile(prog: Program, options: CompileOptions) -> Kernel:
         raise BackendError(f"LLVM rejected the code for {prog.name}: {first}") from err
     optimize(llvm_module, options)
     optimized_ir = str(llvm_module)
-    engine = llvm.create_mcjit_compiler(llvm_module, create_target_machine(options.opt_level))
+    machine = create_target_machine(options.opt_level, options.target)
+    engine = llvm.create_mcjit_compiler(llvm_module, machine)
     engine.finalize_object()
     info = describe(options)
     info["segments"] = len(segments)
     info["compile_seconds"] = round(time.perf_counter() - start, 4)
     return Kernel(prog, engine, segments, optimized_ir, options, info)
+
+
+def optimize(module: llvm.ModuleRef, options: CompileOptions) -> None:
+    """Run LLVM's default O<n> pipeline with the vectorizers/unroller set as `options` say."""
+    tm = target_machine(options.opt_level, options.target)
+    pto = llvm.create_pipeline_tuning_options(speed_level=options.opt_level)
+    pto.loop_vectorization = options.loop_vectorize
+    pto.slp_vectorization = options.slp_vectorize
+    pto.loop_unrolling = options.loop_unroll
+    pto.loop_interleaving = options.loop_unroll
+    builder = llvm.create_pass_builder(tm, pto)
+    builder.getModulePassManager().run(module, builder)
+
+
+def describe(options: CompileOptions) -> dict[str, object]:
+    """Everything about the compiler and CPU a timing depends on."""
+    return {
+        "llvm_version": ".".join(map(str, llvm.llvm_version_info)),
+        "llvmlite_version": llvmlite.__version__,
+        **options.target.describe(),
+        "opt_level": options.opt_level,
+        "loop_vectorize": options.loop_vectorize,
+        "slp_vectorize": options.slp_vectorize,
+        "loop_unroll": options.loop_unroll,
+        "threads": options.thread_count,
+    }

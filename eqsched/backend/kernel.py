@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from math import prod
 
 import llvmlite.binding as llvm
@@ -20,15 +19,68 @@ from .lower import Segment
 from .options import CompileOptions
 from .target import target_machine
 
-_pools: dict[int, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
+
+class _Helpers:
+    """Threads that each run one chunk of every parallel call, handed over by a pair of locks.
+
+    A parallel call costs its dispatch on every call of the kernel; a lock released by the
+    caller and one released back by the helper is the cheapest handoff Python has (about a third
+    of a ThreadPoolExecutor's submit and result, which allocate a future and a condition). One
+    call at a time uses the helpers: kernels called from several threads take turns.
+    """
+
+    def __init__(self, count: int):
+        self._turn = threading.Lock()
+        self._go = [threading.Lock() for _ in range(count)]
+        self._done = [threading.Lock() for _ in range(count)]
+        self._work: list[tuple[Callable[..., None], tuple[int, ...]] | None] = [None] * count
+        self._errors: list[BaseException | None] = [None] * count
+        for go, done in zip(self._go, self._done):
+            go.acquire()
+            done.acquire()
+        for index in range(count):
+            threading.Thread(target=self._serve, args=(index,), daemon=True,
+                             name=f"eqsched-kernel-{index}").start()
+
+    def _serve(self, index: int) -> None:
+        while True:
+            self._go[index].acquire()
+            fn, args = self._work[index]  # type: ignore[misc]
+            try:
+                fn(*args)
+            except BaseException as err:  # handed to the caller, which raises it
+                self._errors[index] = err
+            self._done[index].release()
+
+    def run(self, calls: list[tuple[Callable[..., None], tuple[int, ...]]]) -> None:
+        """Run calls[0] on this thread and the others on helpers 0.., all at once; return when
+        every one is done."""
+        helped = calls[1:]
+        with self._turn:
+            for index, work in enumerate(helped):
+                self._work[index] = work
+                self._go[index].release()
+            first, args = calls[0]
+            try:
+                first(*args)
+            finally:
+                for index in range(len(helped)):
+                    self._done[index].acquire()
+            errors = [e for e in self._errors[:len(helped)] if e is not None]
+            self._errors[:len(helped)] = [None] * len(helped)
+        if errors:
+            raise errors[0]
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    with _pools_lock:
-        if workers not in _pools:
-            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="eqsched-kernel")
-        return _pools[workers]
+_helpers: dict[int, _Helpers] = {}
+_helpers_lock = threading.Lock()
+
+
+def _helpers_for(count: int) -> _Helpers:
+    with _helpers_lock:
+        if count not in _helpers:
+            _helpers[count] = _Helpers(count)
+        return _helpers[count]
 
 
 def aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
@@ -85,12 +137,12 @@ class Kernel:
 
     def _run_parallel(self, fn: Callable[..., None], extent: int, ptrs: list[int]) -> None:
         n = min(self.options.thread_count, extent)
-        bounds = [(extent * t // n, extent * (t + 1) // n) for t in range(n)]
+        if n == 1:
+            fn(*ptrs, 0, extent)
+            return
         # ctypes releases the GIL during the call, so the chunks run on separate cores.
-        pending = [_pool(n - 1).submit(fn, *ptrs, lo, hi) for lo, hi in bounds[1:]] if n > 1 else []
-        fn(*ptrs, *bounds[0])
-        for p in pending:
-            p.result()
+        _helpers_for(n - 1).run([(fn, (*ptrs, extent * t // n, extent * (t + 1) // n))
+                                 for t in range(n)])
 
     def _pointers(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
         name = self.program.name
@@ -127,4 +179,4 @@ class Kernel:
     def asm(self) -> str:
         """The machine code as assembly text (from the optimized IR)."""
         module = llvm.parse_assembly(self._optimized_ir)
-        return target_machine(self.options.opt_level).emit_assembly(module)
+        return target_machine(self.options.opt_level, self.options.target).emit_assembly(module)

@@ -313,12 +313,15 @@ class _FunctionEmitter:
         self.ix.bind(blk)
         vec = self.ix.vec
         addr = self.ix.address(blk.buffer, blk.indices)
-        if vec is not None and (addr.vector is not None or addr.stride != 1):
-            stride = "a non-affine index" if addr.vector is not None else f"stride {addr.stride}"
+        if vec is not None and (addr.vector is not None or addr.stride == 0):
+            stride = "a non-affine index" if addr.vector is not None else "stride 0"
             raise BackendError(
-                f"vectorized loop {vec.name} needs unit-stride stores, but block {blk.name} "
-                f"stores {blk.buffer} with {stride} in it"
+                f"vectorized loop {vec.name} needs stores to distinct elements, but block "
+                f"{blk.name} stores {blk.buffer} with {stride} in it"
             )
+        if vec is not None and addr.stride != 1:
+            self._scattered_block(blk, addr.scalar, addr.stride, mask)
+            return
         ptr = self._gep(blk.buffer, addr.scalar)
         ty = ir.VectorType(F32, vec.extent) if vec is not None else F32
         if blk.reduce is None:
@@ -336,6 +339,27 @@ class _FunctionEmitter:
             store.align = 4
         else:
             self.b.call(_masked_store(self.b.module, ty), [value, ptr, ir.Constant(I32, 4), mask])
+
+    def _scattered_block(self, blk: Block, base: ir.Value, stride: int,
+                         mask: ir.Value | None) -> None:
+        """A vector store whose lanes are `stride` elements apart: a scatter (and, for an
+        accumulation, a gather of the old values first). The legality check makes the lanes'
+        elements distinct, so no two lanes race."""
+        b, vec = self.b, self.ix.vec
+        assert vec is not None
+        ty = ir.VectorType(F32, vec.extent)
+        offsets = b.add(broadcast(b, base, ir.VectorType(I64, vec.extent)),
+                        b.mul(self.ix.lanes(), self.ix.splat(stride)))
+        ptrs = self._gep(blk.buffer, offsets)
+        every = mask if mask is not None else ir.Constant(ir.VectorType(I1, vec.extent),
+                                                          [1] * vec.extent)
+        if blk.reduce is None:
+            value = self._widen(self._value(blk.value, mask), ty)
+        else:
+            acc = b.call(_gather(b.module, ty), [ptrs, ir.Constant(I32, 4), every,
+                                                 ir.Constant(ty, None)])
+            value = self._accumulate(blk.reduce, acc, blk.value, mask)
+        b.call(_scatter(b.module, ty), [value, ptrs, ir.Constant(I32, 4), every])
 
     def _accumulate(self, op: str, acc: ir.Value, e: Expr, mask: ir.Value | None) -> ir.Value:
         b = self.b
@@ -520,6 +544,15 @@ def _masked_store(module: ir.Module, ty: ir.VectorType) -> ir.Function:
         return module.globals[name]
     mask_ty = ir.VectorType(I1, ty.count)
     return ir.Function(module, ir.FunctionType(ir.VoidType(), [ty, PTR, I32, mask_ty]), name)
+
+
+def _scatter(module: ir.Module, ty: ir.VectorType) -> ir.Function:
+    name = f"llvm.masked.scatter.v{ty.count}f32.v{ty.count}p0"
+    if name in module.globals:
+        return module.globals[name]
+    ptrs_ty = ir.VectorType(PTR, ty.count)
+    mask_ty = ir.VectorType(I1, ty.count)
+    return ir.Function(module, ir.FunctionType(ir.VoidType(), [ty, ptrs_ty, I32, mask_ty]), name)
 
 
 def _gather(module: ir.Module, ty: ir.VectorType) -> ir.Function:

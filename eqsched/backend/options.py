@@ -6,14 +6,15 @@ See docs/ARCHITECTURE.md §7 Backend and target.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import BackendError
+from .target import Target
 
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """LLVM pipeline settings and the thread count for parallel loops.
+    """The target, LLVM pipeline settings and the thread count for parallel loops.
 
     LLVM's own loop/SLP vectorizers and unroller are off by default: the schedule states which
     loops are vectorized and unrolled, and a timing should show what the schedule did, not what
@@ -25,6 +26,7 @@ class CompileOptions:
     slp_vectorize: bool = False
     loop_unroll: bool = False
     threads: int | None = None  # None: os.cpu_count()
+    target: Target = field(default_factory=Target.host)
 
     def __post_init__(self) -> None:
         if self.opt_level not in (0, 1, 2, 3):

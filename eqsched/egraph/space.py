@@ -3,7 +3,8 @@
 A program is a choice of one e-node per reachable e-class (never an `append` node: its class also
 holds the cons list it evaluates to) plus an extent for every piece symbol the chosen structure
 uses. Structure and sizes are counted together because kinds constrain sizes: a vector piece has
-8..64 lanes, an unroll piece at most 16 iterations (`term.extent_allowed`).
+one of the space's `vector_lanes` (those of its target's vector register: 8..64 for 512 bits),
+an unroll piece at most 16 iterations (`term.extent_allowed`).
 
 A group's size assignments are the ordered factorizations of its extent down the split tree its
 paths form, plus, at the top split of the whole extent, the splits that leave a remainder (an
@@ -64,6 +65,7 @@ from .lang import SERIALIZED_OPS
 from .saturate import Limits, RewriteRule, saturate
 from .term import (
     KINDS,
+    VECTOR_LANES,
     BlockRef,
     Cached,
     PackRef,
@@ -204,8 +206,11 @@ class SaturatedEGraph(Protocol):
 class Space:
     """The programs of a saturation (`eqsched.egraph.saturate.Saturation`)."""
 
-    def __init__(self, sat: SaturatedEGraph):
+    def __init__(self, sat: SaturatedEGraph, vector_lanes: Sequence[int] = VECTOR_LANES):
+        """`vector_lanes`: the extents a vector piece may have (`term.vector_lanes` of the
+        target's register lanes)."""
         self.saturation = sat
+        self.vector_lanes = tuple(vector_lanes)
         self.naive: Program = sat.naive
         self.facts: Facts = sat.facts
         self.report = getattr(sat, "report", None)
@@ -397,7 +402,8 @@ class Space:
         if not limit:
             return {node.own: ones}
         if not path:  # the whole extent is known
-            return {node.own: ones} if extent_allowed(limit, self.facts.extents[group]) else {}
+            whole = self.facts.extents[group]
+            return {node.own: ones} if extent_allowed(limit, whole, self.vector_lanes) else {}
         bit = self._limit_bit[(group, path, limit)]
         fits = self._along(group, [int(bool(m & bit)) for m in
                                    self._profiles(group, node.own & self._group_mask[group]).masks])
@@ -502,8 +508,8 @@ class Space:
             limits = [(p, c, bit) for (g, p, c), bit in self._limit_bit.items() if g == group]
             by_mask: dict[int, list[dict[str, int]]] = defaultdict(list)
             for sizes in _assignments(children, "", self.facts.extents[group]):
-                by_mask[sum(bit for p, c, bit in limits
-                            if p in sizes and extent_allowed(c, sizes[p]))].append(sizes)
+                by_mask[sum(bit for p, c, bit in limits if p in sizes
+                            and extent_allowed(c, sizes[p], self.vector_lanes))].append(sizes)
             masks = sorted(by_mask)
             tree = {p for kids in children.values() for p in kids}
             found = _Profiles(tuple(masks), tuple(tuple(by_mask[m]) for m in masks),
@@ -586,7 +592,8 @@ class Space:
             kinds[path].add(kind)
 
         def allowed(path: str, extent: int) -> bool:
-            return all(extent_allowed(k, extent) for k in kinds.get(path, ()))
+            return all(extent_allowed(k, extent, self.vector_lanes)
+                       for k in kinds.get(path, ()))
 
         full = _assignments(self._split_tree(group, kinds), "", self.facts.extents[group],
                             allowed)
@@ -910,14 +917,15 @@ def _key_of(term: Term) -> Key:
     return frozenset(key)
 
 
-def build_space(naive: Program, rules: Sequence[RewriteRule],
-                limits: Limits | None = None) -> Space:
+def build_space(naive: Program, rules: Sequence[RewriteRule], limits: Limits | None = None,
+                vector_lanes: Sequence[int] = VECTOR_LANES) -> Space:
     """Saturate the naive program's e-graph with `rules` and wrap it as a Space."""
-    return Space(saturate(naive, rules, limits))
+    return Space(saturate(naive, rules, limits), vector_lanes)
 
 
-def rule_contributions(naive: Program, rules: Sequence[RewriteRule],
-                       limits: Limits | None = None) -> dict[str, int]:
+def rule_contributions(naive: Program, rules: Sequence[RewriteRule], limits: Limits | None = None,
+                       vector_lanes: Sequence[int] = VECTOR_LANES) -> dict[str, int]:
     """For each rule, the number of programs in the space built without it."""
-    return {rule.name: build_space(naive, [r for r in rules if r is not rule], limits).count()
+    return {rule.name: build_space(naive, [r for r in rules if r is not rule], limits,
+                                   vector_lanes).count()
             for rule in rules}

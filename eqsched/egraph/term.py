@@ -21,6 +21,7 @@ See docs/ARCHITECTURE.md §3 Vocabulary and §4 The e-graph.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..ir import LoopKind
@@ -125,25 +126,41 @@ def show(term: Term) -> str:
 
 # Size constraints that a loop kind puts on its piece's extent (legal for the backend at any
 # extent, but the space only holds the useful ones: whole vectors, short unrolls).
-VECTOR_LANES = (8, 16, 32, 64)
 MAX_UNROLL_EXTENT = 16
 
 
-def remainder_tiles(extent: int) -> tuple[int, ...]:
+def vector_lanes(register_lanes: int) -> tuple[int, ...]:
+    """The extents a vector piece may have on a target whose vector register holds
+    `register_lanes` float32 lanes: half a register (for a narrow extent) up to four registers
+    (LLVM splits a wide vector into registers, so a longer vector loop is a register tile along
+    it). A 512-bit register gives 8..64, a 256-bit one 4..32."""
+    if register_lanes < 2 or register_lanes & (register_lanes - 1):
+        raise ValueError(f"register lanes must be a power of two >= 2, got {register_lanes}")
+    return (register_lanes // 2, register_lanes, 2 * register_lanes, 4 * register_lanes)
+
+
+# The lanes of a space built without a target: those of a 512-bit register. Callers that know
+# their target pass `vector_lanes(target.vector_lanes)`.
+VECTOR_LANES = vector_lanes(16)
+
+
+def remainder_tiles(extent: int, lanes: Sequence[int] = VECTOR_LANES) -> tuple[int, ...]:
     """The inner tiles (product of all pieces but the outermost) by which a whole extent may be
     split with a remainder, the outermost piece taking the ceiling: the powers of two from the
-    narrowest vector up to the extent's next power of two that do not divide it (vector widths,
-    register and cache tiles). 127 gets 8..128 (8 x 16 covers it with one short step), 7 gets
-    8 (one vector, 7 lanes used); a power of two gets none, so its space is the exact
-    factorizations alone, and so does 3 (smaller tiles only grow the e-graph)."""
-    return tuple(t for t in (1 << a for a in range(min(VECTOR_LANES).bit_length() - 1,
+    narrowest vector of `lanes` up to the extent's next power of two that do not divide it
+    (vector widths, register and cache tiles). The space and the rules take the default lanes
+    (a 512-bit register's) on every target, so that the rules know which groups to tile: on an
+    AVX2 target a tile of 8 is two vectors. 127 gets 8..128 (8 x 16 covers it with one short
+    step), 7 gets 8 (one vector, 7 lanes used); a power of two gets none, so its space is the
+    exact factorizations alone, and so does 3 (smaller tiles only grow the e-graph)."""
+    return tuple(t for t in (1 << a for a in range(min(lanes).bit_length() - 1,
                                                    extent.bit_length() + 1))
                  if t < 2 * extent and extent % t)
 
 
-def extent_allowed(kind: str, extent: int) -> bool:
+def extent_allowed(kind: str, extent: int, lanes: Sequence[int] = VECTOR_LANES) -> bool:
     if kind == LoopKind.VECTOR:
-        return extent in VECTOR_LANES
+        return extent in lanes
     if kind == LoopKind.UNROLL:
         return extent <= MAX_UNROLL_EXTENT
     return True

@@ -2,6 +2,7 @@
 
     eqsched batch examples/suites/small.toml --jobs 2 --db runs.db
     eqsched batch suite.toml --executor ray [--ray-address auto]
+    eqsched batch suite.toml --target host,-avx512f
 
 A suite is a TOML file. `[defaults]` sets configuration keys for every exploration; each
 `[[explore]]` names a workload, its `sizes` (lists of ints, or "small" / "default") and may
@@ -15,7 +16,9 @@ override keys. A key given a list is crossed with the others:
     sizes = [[128, 128, 128], [256, 256, 256]]
     cost_model = ["analytic", "random"]        # 2 sizes x 2 models = 4 explorations
 
-Keys: trials, seconds, seed, batch, threads, repeats, rules (a spec like "-pack"), cost_model.
+Keys: trials, seconds, seed, batch, threads, repeats, rules (a spec like "-pack"), cost_model,
+target (like "host,-avx512f"; `--target` sets it for a suite that does not). A target LLVM does
+not know, or one this machine cannot run, fails the whole suite before any job starts.
 Every exploration writes to one SQLite database (it takes concurrent writers). An exploration
 whose run already finished in the database is not run again; an interrupted one is re-run and
 measures nothing it already stored. Local worker processes run `--jobs` explorations at once;
@@ -45,12 +48,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..args import CliError
+from ..args import TARGET_HELP, CliError
+from ..backend.target import HOST
 
 CONFIG_KEYS = {"trials": int, "seconds": (int, float), "seed": int, "batch": int,
-               "threads": int, "repeats": int, "rules": str, "cost_model": str}
+               "threads": int, "repeats": int, "rules": str, "cost_model": str, "target": str}
 DEFAULTS = {"trials": 64, "seconds": None, "seed": 0, "batch": 16, "threads": None,
-            "repeats": 10, "rules": None, "cost_model": "learned"}
+            "repeats": 10, "rules": None, "cost_model": "learned", "target": "host"}
 
 
 class BatchError(ValueError):
@@ -78,7 +82,8 @@ class Suite:
     jobs: list[Job]
 
     @classmethod
-    def load(cls, path: str | Path) -> Suite:
+    def load(cls, path: str | Path, target: str = "host") -> Suite:
+        """The suite in the TOML file at `path`; `target` for jobs that set none."""
         try:
             text = Path(path).read_text()
         except OSError as e:
@@ -87,12 +92,14 @@ class Suite:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise BatchError(f"{path}: not valid TOML ({e})") from None
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(data, str(path), target)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "<suite>") -> Suite:
+    def from_dict(cls, data: dict[str, Any], where: str = "<suite>",
+                  target: str = "host") -> Suite:
         from ..workloads import get_workload
 
+        base = {**DEFAULTS, **_config({"target": target}, f"{where} (the batch's target)")}
         unknown = set(data) - {"defaults", "explore"}
         if unknown:
             raise BatchError(f"{where}: unknown section {sorted(unknown)[0]!r} (use [defaults] "
@@ -117,7 +124,7 @@ class Suite:
                 sizes[0], (list, str)) else [sizes]
             resolved = [_size(wl, s, at) for s in sizes]
             overrides = _config(entry, at)
-            merged = {**DEFAULTS, **defaults, **overrides}
+            merged = {**base, **defaults, **overrides}
             lists = {k: v if isinstance(v, list) else [v] for k, v in merged.items()}
             for size in resolved:
                 for values in itertools.product(*lists.values()):
@@ -142,6 +149,7 @@ def _size(wl: Any, spec: Any, at: str) -> tuple[int, ...]:
 
 
 def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
+    from ..backend import Target, TargetError
     from ..extract import COST_MODELS
     from ..rules import resolve
 
@@ -164,6 +172,15 @@ def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
                     resolve(v)
                 except Exception as e:
                     raise BatchError(f"{at}: {e}") from None
+        if key == "target":
+            # Normalized, so that two spellings of one target are one job.
+            try:
+                specs = [Target.parse(v) for v in values]
+                for t in specs:
+                    t.check_runs_here()
+            except TargetError as e:
+                raise BatchError(f"{at}: {e}") from None
+            value = [t.spec for t in specs] if isinstance(value, list) else specs[0].spec
         out[key] = value
     return out
 
@@ -180,16 +197,22 @@ def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
     c = job.settings()
     if not Path(db_path).exists():
         return None
-    settings = asdict(Settings(repeats=c["repeats"], threads=c["threads"]))
+    settings = asdict(Settings(repeats=c["repeats"], threads=c["threads"], target=c["target"]))
     budget = {"trials": c["trials"], "seconds": c["seconds"], "batch": c["batch"]}
     rules = [r.name for r in resolve(c["rules"])]
     with Database(db_path, readonly=True) as db:
         for run in db.runs(job.workload, list(job.size)):
             if (run["status"] == "done" and run["seed"] == c["seed"]
                     and run["cost_model"] == c["cost_model"] and run["budget"] == budget
-                    and run["rules"] == rules and run["config"] == settings):
+                    and run["rules"] == rules and _config_of(run) == settings):
                 return _row(job, "done", run["summary"], measured=0, note="from db")
     return None
+
+
+def _config_of(run: dict) -> Any:
+    """A run's measurement settings; runs stored before targets were compiled for the host."""
+    config = run["config"]
+    return {"target": HOST, **config} if isinstance(config, dict) else config
 
 
 def run_job(job: Job, db_path: str) -> dict[str, Any]:
@@ -206,7 +229,8 @@ def run_job(job: Job, db_path: str) -> dict[str, Any]:
         result = explore(job.workload, job.size, trials=c["trials"], seconds=c["seconds"],
                          db=db_path, seed=c["seed"], cost_model=c["cost_model"],
                          rules=c["rules"], batch=c["batch"],
-                         settings=Settings(repeats=c["repeats"], threads=c["threads"]))
+                         settings=Settings(repeats=c["repeats"], threads=c["threads"],
+                                           target=c["target"]))
     except KeyboardInterrupt:
         return _row(job, "interrupted", {}, note="interrupted while setting up")
     except Exception as e:  # recorded in the table; the other jobs go on
@@ -393,6 +417,8 @@ def add_parser(sub: Any) -> None:
                    help="local worker processes (default) or Ray tasks")
     p.add_argument("--ray-address", help="a Ray cluster's address (default: RAY_ADDRESS or "
                                          "the running cluster; else a local one)")
+    p.add_argument("--target", default="host",
+                   help=TARGET_HELP + "; for the jobs whose suite sets no target")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=_cmd_batch)
 
@@ -401,7 +427,7 @@ def _cmd_batch(args: Any) -> int:
     from ..db import DatabaseError
 
     try:
-        suite = Suite.load(args.suite)
+        suite = Suite.load(args.suite, args.target)
         print(f"eqsched: {len(suite.jobs)} explorations from {args.suite}", file=sys.stderr)
 
         def show(event: str, row: dict[str, Any]) -> None:

@@ -23,8 +23,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..args import parse_target
 from ..egraph.saturate import Limits, saturate
 from ..egraph.space import Space
+from ..egraph.term import VECTOR_LANES, vector_lanes
 from ..ir import Program, naive_program
 from ..workloads import get_workload
 from .experiment import at_least_one, common_arguments, problem, rule_spec
@@ -78,6 +80,7 @@ class SpaceComparison:
     a_in_b: Membership
     b_in_a: Membership
     statements: list[str]
+    vector_lanes: list[int]  # the extents a vector piece may have in both spaces (the target's)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +91,8 @@ class SpaceComparison:
             va, vb = getattr(self.a, name), getattr(self.b, name)
             rows.append((name.replace("_", " "), _cell(va), _cell(vb)))
         width = [max(len(r[c]) for r in rows) for c in range(3)]
-        lines = [f"{self.workload} {','.join(map(str, self.size))}: space A vs space B"]
+        lines = [f"{self.workload} {','.join(map(str, self.size))}: space A vs space B (vector "
+                 f"loops of {', '.join(map(str, self.vector_lanes))} lanes)"]
         lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, width)).rstrip()
                   for r in rows]
         only_a = [r for r in self.a.rules if r not in self.b.rules]
@@ -116,28 +120,31 @@ def _cell(value: Any) -> str:
 
 
 def compare_spaces(workload: str, size: Sequence[int] | None, rules_a: Any, rules_b: Any,
-                   samples: int = 200, seed: int = 0, limits: Limits | None = None
-                   ) -> SpaceComparison:
+                   samples: int = 200, seed: int = 0, limits: Limits | None = None,
+                   vector_lanes: Sequence[int] = VECTOR_LANES) -> SpaceComparison:
     """Saturate `workload` at `size` (default: its default) with two rule specs (None: the
-    default set) and compare the spaces: sizes, and membership of uniform samples both ways."""
+    default set) and compare the spaces (vector pieces of `vector_lanes`, as
+    `term.vector_lanes` gives for a target): sizes, and membership of uniform samples both
+    ways."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
     naive = naive_program(wl.build(*size))
-    space_a, stats_a = _space(naive, rules_a, limits)
-    space_b, stats_b = _space(naive, rules_b, limits)
+    space_a, stats_a = _space(naive, rules_a, limits, vector_lanes)
+    space_b, stats_b = _space(naive, rules_b, limits, vector_lanes)
     a_in_b = _membership(space_a, space_b, samples, seed)
     b_in_a = _membership(space_b, space_a, samples, seed)
     return SpaceComparison(wl.name, list(size), stats_a, stats_b, a_in_b, b_in_a,
-                           _statements(stats_a, stats_b, a_in_b, b_in_a))
+                           _statements(stats_a, stats_b, a_in_b, b_in_a), list(vector_lanes))
 
 
-def _space(naive: Program, rules: Any, limits: Limits | None) -> tuple[Space, SpaceStats]:
+def _space(naive: Program, rules: Any, limits: Limits | None, lanes: Sequence[int]
+           ) -> tuple[Space, SpaceStats]:
     from ..rules import resolve
 
     sat = saturate(naive, resolve(rules), limits)
-    space = Space(sat)
+    space = Space(sat, lanes)
     rep = sat.report
     label = "default" if rules is None else rules if isinstance(rules, str) else ",".join(
         getattr(r, "name", str(r)) for r in rules)
@@ -202,8 +209,10 @@ def _cmd_compare(args: Any) -> int:
     import json
 
     at_least_one(args, "samples")
+    lanes = vector_lanes(parse_target(args.target, runs_here=False).vector_lanes)
     workload, size, limits = problem(args)
     result = compare_spaces(workload, size, rule_spec(args.rules_a), rule_spec(args.rules_b),
-                            samples=args.samples, seed=args.seed, limits=limits)
+                            samples=args.samples, seed=args.seed, limits=limits,
+                            vector_lanes=lanes)
     print(json.dumps(result.to_json()) if args.json else result.text())
     return 0

@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from ..args import CliError
+from ..args import CliError, parse_target
 from ..db import Database
 from ..egraph.derive import DeriveError, derive, realize
 from ..egraph.saturate import Limits, saturate
 from ..egraph.space import Space
+from ..egraph.term import vector_lanes
 from ..ir import Program, naive_program
 from ..runner import Measurement
 from ..schedule import ScheduleError
@@ -178,9 +179,11 @@ def measure_distribution(workload: str, size: Sequence[int] | None = None, rules
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
     settings = settings or Settings(threads=1)
+    target = settings.options().target
+    target.check_runs_here()
     naive = naive_program(wl.build(*size))
     sat = saturate(naive, resolve(rules), limits)
-    space = Space(sat)
+    space = Space(sat, vector_lanes(target.vector_lanes))
     total = space.count()
     dist = Distribution(wl.name, list(size), sat.report.rules, seed, settings, total, [], 0, 0, 0)
     chosen = []
@@ -220,7 +223,8 @@ def measure_distribution(workload: str, size: Sequence[int] | None = None, rules
 
 def _sample(workload: str, size: list[int], term: Any, sizes: Any, prog: Program, naive: Program,
             key: str, settings: Settings, database: Database | None) -> Sample:
-    stored = database.lookup(workload, size, key) if database is not None else None
+    stored = (database.lookup(workload, size, key, settings.target) if database is not None
+              else None)
     if stored is not None:
         return Sample(key, stored.structure, stored.median_s, stored.gflops, stored.correct,
                       stored.error, True, prog)
@@ -231,7 +235,7 @@ def _sample(workload: str, size: list[int], term: Any, sizes: Any, prog: Program
         trace, m = [], Measurement(correct=None, error=f"no replayable trace: {err}")
     else:
         m = settings.measure(prog)
-    record = record_of(workload, size, key, term, sizes, trace, m)
+    record = record_of(workload, size, key, term, sizes, trace, m, target=settings.target)
     if database is not None:
         database.add(record)
     return Sample(key, record.structure, m.median_s, m.gflops, m.correct, record.error, False,
@@ -275,6 +279,7 @@ def measure_from_args(args: Any) -> Distribution:
     from ..db import DatabaseError
 
     at_least_one(args, "samples", "threads", "repeats")
+    target = parse_target(args.target)
     workload, size, limits = problem(args)
     rules = rule_spec(args.rules)
     print(f"eqsched: drawing {args.samples} programs of {workload} "
@@ -282,7 +287,8 @@ def measure_from_args(args: Any) -> Distribution:
     try:
         return measure_distribution(workload, size, rules, samples=args.samples, seed=args.seed,
                                     db=args.db, limits=limits, progress=_stderr_progress,
-                                    settings=Settings(repeats=args.repeats, threads=args.threads))
+                                    settings=Settings(repeats=args.repeats, threads=args.threads,
+                                                      target=target))
     except DatabaseError as err:
         raise CliError(str(err)) from None
     except KeyboardInterrupt:
@@ -322,7 +328,8 @@ def summary(dist: Distribution) -> str:
     lines = [f"{dist.workload} {','.join(map(str, dist.size))}: {len(dist.samples)} programs "
              f"drawn uniformly from {dist.space_programs:.3g} ({dist.drawn} draws: "
              f"{dist.skipped_unrolled} over-unrolled and {dist.unbuildable} unbuildable skipped)"
-             f", {dist.measured} measured now, {dist.correct_fraction:.0%} correct"]
+             f", {dist.measured} measured now, {dist.correct_fraction:.0%} correct, target "
+             f"{dist.settings.target}"]
     if dist.best:
         pct = dist.percentiles()
         lines.append("GFLOPS: " + "  ".join(f"{k} {v:.3g}" for k, v in pct.items()))

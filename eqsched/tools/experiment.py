@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from ..args import CliError, parse_limits, parse_size
+from ..args import TARGET_HELP, CliError, parse_limits, parse_size
 from ..egraph.saturate import Limits
 from ..workloads import get_workload
 
@@ -37,6 +37,8 @@ def common_arguments(p: Any) -> None:
     p.add_argument("--size", help="comma-separated sizes (default: the workload's default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the uniform draws")
     p.add_argument("--limits", help="saturation limits, like iterations=20,seconds=10")
+    p.add_argument("--target", default="host",
+                   help=TARGET_HELP + "; its vector width sets the vector lanes of the space")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 

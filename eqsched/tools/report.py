@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backend.target import HOST
 from ..db import Database, DatabaseError, workload_key
 
 
@@ -61,7 +62,7 @@ class Report:
 def _configuration(run: dict) -> tuple:
     return (run["workload"], tuple(run["size"]), run["seed"], tuple(run["rules"]),
             run["cost_model"], json.dumps(run["budget"], sort_keys=True),
-            json.dumps(run["config"], sort_keys=True))
+            json.dumps({**(run["config"] or {}), "target": target_of(run)}, sort_keys=True))
 
 
 def _label(run: dict, default_rules: list[str]) -> str:
@@ -69,7 +70,13 @@ def _label(run: dict, default_rules: list[str]) -> str:
         "rules " + ",".join(run["rules"])
     threads = run["config"].get("threads")
     return (f"{run['cost_model']}, seed {run['seed']}, {run['budget'].get('trials')} trials, "
-            f"{rules}" + (f", {threads} thread{'s' * (threads != 1)}" if threads else ""))
+            f"{rules}" + (f", {threads} thread{'s' * (threads != 1)}" if threads else "")
+            + f", target {target_of(run)}")
+
+
+def target_of(run: dict) -> str:
+    """The target a run compiled for (runs stored before targets compiled for the host)."""
+    return (run["config"] or {}).get("target", HOST)
 
 
 def explorations(db: Database) -> list[Exploration]:
@@ -85,7 +92,8 @@ def explorations(db: Database) -> list[Exploration]:
         groups[key].runs.append(run)
     for exp in groups.values():
         ids = {r["id"] for r in exp.runs}
-        exp.records = [r for r in db.records(exp.workload, exp.size, all_machines=True)
+        exp.records = [r for r in db.records(exp.workload, exp.size, target=None,
+                                             all_machines=True)
                        if r.run_id in ids and r.structure != "naive"]
     return sorted(groups.values(), key=lambda e: (e.workload, e.size, e.label))
 
@@ -450,7 +458,8 @@ def write_report(db_path: str | Path, out_dir: str | Path, numpy: bool = True,
 def _row(e: Exploration, numpy: float | None) -> dict[str, Any]:
     s = e.summary
     best = s.get("best_gflops")
-    return {"problem": e.key, "configuration": e.label, "runs": len(e.runs),
+    return {"problem": e.key, "target": target_of(e.runs[-1]), "configuration": e.label,
+            "runs": len(e.runs),
             "status": e.runs[-1]["status"], "trials": s.get("trials"),
             "measured": len(e.records), "best_gflops": best,
             "percent_of_peak": s.get("percent_of_peak"),
@@ -466,8 +475,8 @@ def _cell(value: Any) -> str:
 
 
 def _html(db_path: str, machine: dict, rows: list[dict], sections: list) -> str:
-    head = ("problem", "configuration", "runs", "status", "trials", "measured", "best GFLOPS",
-            "% of peak", "× numpy", "× naive", "wall s")
+    head = ("problem", "target", "configuration", "runs", "status", "trials", "measured",
+            "best GFLOPS", "% of peak", "× numpy", "× naive", "wall s")
     table = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r.values()) + "</tr>"
                     for r in rows)
     body = "".join(
@@ -482,7 +491,8 @@ img{{max-width:100%}}</style></head><body>
 <h1>eqsched report</h1>
 <p>Database <code>{html.escape(db_path)}</code>; this machine: {html.escape(str(
         machine.get('cpu_model')))}, {machine.get('cores')} cores, LLVM CPU
-{html.escape(str(machine.get('llvm_cpu_name')))}.</p>
+{html.escape(str(machine.get('llvm_cpu_name')))}; each exploration's target (what its code was
+compiled for) is in the table.</p>
 <table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{table}</table>
 {body}
 </body></html>

@@ -3,6 +3,7 @@
     eqsched rules list
     eqsched rules check vectorize
     eqsched rules check my_rule --module my_rule.py --workloads matmul,softmax
+    eqsched rules check vectorize --target host,-avx512f      # AVX2 code and vector lanes
 
 `check_rule` fuzzes a rule: from programs drawn uniformly from each workload's space without the
 rule (small sizes), plus the naive program, it applies the rule wherever it matches (three
@@ -11,7 +12,8 @@ changed. Each is built with the manual primitives *without* legality checks and 
 worker process against the numpy reference, so a wrong rule is caught by its wrong numbers, not
 only by the legality checker (whose verdict is reported beside). The smallest failing case is
 reported first. It then compares the default space with and without the rule (e-nodes, e-classes,
-programs, saturation time) and the best GFLOPS a short exploration finds each way.
+programs, saturation time) and the best GFLOPS a short exploration finds each way. Everything
+is compiled for one target (the host by default), whose vector lanes the spaces take.
 
     check = check_rule(RULES["vectorize"], workloads=["matmul"], programs=4)
     check.sound, check.failures[:1], check.effect
@@ -31,12 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..args import CliError
+from ..args import TARGET_HELP, CliError, parse_target
+from ..backend import CompileOptions, Target
 from ..egraph.derive import build_unchecked
 from ..egraph.encode import encode
 from ..egraph.saturate import Limits, saturate
 from ..egraph.space import Space
-from ..egraph.term import show
+from ..egraph.term import show, vector_lanes
 from ..ir import Program, naive_program
 from ..workloads import get_workload, list_workloads
 
@@ -86,11 +89,12 @@ class RuleCheck:
         return {**asdict(self), "sound": self.sound}
 
 
-def _one_step(term: Any, naive: Program, rule: Any) -> Space:
+def _one_step(term: Any, naive: Program, rule: Any, target: Target) -> Space:
     """The space of `term` after `rule` (and the analyses it needs) ran ITERATIONS times."""
     from ..rules import resolve
 
-    return Space(saturate(naive, resolve([rule]), Limits(iterations=ITERATIONS), start=term))
+    return Space(saturate(naive, resolve([rule]), Limits(iterations=ITERATIONS), start=term),
+                 vector_lanes(target.vector_lanes))
 
 
 def _legality(prog: Program) -> str:
@@ -105,13 +109,14 @@ def _legality(prog: Program) -> str:
 
 
 def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: int,
-               say: Any) -> None:
+               target: Target, say: Any) -> None:
     from ..rules import resolve
 
     wl = get_workload(workload)
     size = wl.small_size
     naive = naive_program(wl.build(*size))
-    base = Space(saturate(naive, resolve(_rule_sets(rule)["without"])))
+    base = Space(saturate(naive, resolve(_rule_sets(rule)["without"])),
+                 vector_lanes(target.vector_lanes))
     # Uniform draws often hold no match (vectorize needs a serial unit-stride innermost loop):
     # draw until `programs` starts where the rule applies, within a bounded number of draws.
     starts = [encode(naive, base.facts)] + base.sample(DRAWS_FOR_MATCHES * programs, seed)
@@ -121,7 +126,7 @@ def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: 
         if matched == programs:
             break
         try:
-            space = _one_step(term, naive, rule)
+            space = _one_step(term, naive, rule, target)
         except Exception as e:  # noqa: BLE001  (the space of an e-graph rooted at a scheduled
             # program is not always well-formed for the counter; that start is skipped, and said)
             check.skipped.append(f"{workload}: {show(term)[:80]}: {type(e).__name__}: {e}")
@@ -147,14 +152,15 @@ def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: 
         check.programs_started += 1
         for after_term, after_sizes in afters:
             check.programs_checked += 1
-            failure = _run_after(workload, list(size), naive, before, after_term, after_sizes)
+            failure = _run_after(workload, list(size), naive, before, after_term, after_sizes,
+                                 target)
             if failure is not None:
                 check.failures.append(failure)
         say(workload, check)
 
 
 def _run_after(workload: str, size: list[int], naive: Program, before: Program, term: Any,
-               sizes: Any) -> Failure | None:
+               sizes: Any, target: Target) -> Failure | None:
     from ..runner import measure
 
     def failed(kind: str, detail: str, after: str = "", legality: str = "") -> Failure:
@@ -166,7 +172,7 @@ def _run_after(workload: str, size: list[int], naive: Program, before: Program, 
     except Exception as e:  # noqa: BLE001  (the rule made a term no schedule spells)
         return failed("cannot be built", f"{type(e).__name__}: {e}")
     legality = _legality(after)
-    m = measure(after, repeats=0, warmup=0, timeout_s=60)
+    m = measure(after, repeats=0, warmup=0, timeout_s=60, options=CompileOptions(target=target))
     if m.error:
         return failed("run failed", m.error, after.text(), legality)
     if m.correct is False:
@@ -183,7 +189,7 @@ def _rule_sets(rule: Any) -> dict[str, list]:
             "without": [name for name in DEFAULT if name != rule.name]}
 
 
-def _effect(rule: Any, workload: str) -> dict[str, Any]:
+def _effect(rule: Any, workload: str, target: Target) -> dict[str, Any]:
     from ..rules import resolve
 
     wl = get_workload(workload)
@@ -192,13 +198,14 @@ def _effect(rule: Any, workload: str) -> dict[str, Any]:
     for side, rules in _rule_sets(rule).items():
         sat = saturate(naive, resolve(rules))
         rep = sat.report
-        row[side] = {"enodes": rep.enodes, "eclasses": rep.eclasses,
-                     "programs": Space(sat).count(), "seconds": round(rep.seconds, 3),
-                     "stop_reason": rep.stop_reason}
+        programs = Space(sat, vector_lanes(target.vector_lanes)).count()
+        row[side] = {"enodes": rep.enodes, "eclasses": rep.eclasses, "programs": programs,
+                     "seconds": round(rep.seconds, 3), "stop_reason": rep.stop_reason}
     return row
 
 
-def _best_gflops(rule: Any, trials: int, size: tuple[int, ...]) -> dict[str, Any]:
+def _best_gflops(rule: Any, trials: int, size: tuple[int, ...], target: Target
+                 ) -> dict[str, Any]:
     from ..explore import explore
     from ..trials import Settings
 
@@ -207,16 +214,17 @@ def _best_gflops(rule: Any, trials: int, size: tuple[int, ...]) -> dict[str, Any
         for side, rules in _rule_sets(rule).items():
             result = explore("matmul", size, trials=trials, batch=min(trials, 4),
                              db=Path(tmp) / f"{side}.db", cost_model="analytic", rules=rules,
-                             settings=Settings(repeats=3, threads=1), measure_naive=False)
+                             settings=Settings(repeats=3, threads=1, target=target),
+                             measure_naive=False)
             out[side] = result.best.gflops if result.best else None
     return out
 
 
 def check_rule(rule: Any, workloads: list[str] | None = None, programs: int = 6, seed: int = 0,
                measure: bool = True, trials: int = 8, measure_size: tuple[int, ...] = (64,) * 3,
-               progress: Any = None) -> RuleCheck:
-    """Fuzz `rule` (a Rule or a registered name) for soundness and report its effect; see the
-    module docstring."""
+               progress: Any = None, target: Target | None = None) -> RuleCheck:
+    """Fuzz `rule` (a Rule or a registered name) for soundness and report its effect, compiling
+    for `target` (default: the host); see the module docstring."""
     from ..rules import RULES, RuleError
 
     if isinstance(rule, str):
@@ -225,6 +233,8 @@ def check_rule(rule: Any, workloads: list[str] | None = None, programs: int = 6,
         rule = RULES[rule]
     if not rule.growth:
         raise RuleError(f"{rule.name} is an analysis rule: it adds no programs to check")
+    target = target or Target.host()
+    target.check_runs_here()
     names = workloads or [w.name for w in list_workloads()]
     for name in names:
         get_workload(name)
@@ -232,11 +242,11 @@ def check_rule(rule: Any, workloads: list[str] | None = None, programs: int = 6,
     check = RuleCheck(rule.name)
     say = progress or (lambda workload, check: None)
     for name in names:
-        _soundness(check, rule, name, programs, seed, say)
-        check.effect.append(_effect(rule, name))
+        _soundness(check, rule, name, programs, seed, target, say)
+        check.effect.append(_effect(rule, name, target))
     check.failures.sort(key=lambda f: f.weight)
     if measure:
-        check.measured = _best_gflops(rule, trials, measure_size)
+        check.measured = _best_gflops(rule, trials, measure_size, target)
     check.seconds = time.perf_counter() - started
     return check
 
@@ -288,6 +298,7 @@ def add_parser(sub: Any) -> None:
     ck.add_argument("--seed", type=int, default=0)
     ck.add_argument("--trials", type=int, default=8, help="exploration trials each way")
     ck.add_argument("--no-measure", action="store_true", help="skip the exploration")
+    ck.add_argument("--target", default="host", help=TARGET_HELP)
     ck.add_argument("--json", action="store_true")
     p.set_defaults(run=_cmd_rules)
 
@@ -302,6 +313,7 @@ def _cmd_rules(args: Any) -> int:
             return _print_list(args.json)
         if args.programs < 1 or args.trials < 1:
             raise CliError("--programs and --trials must be >= 1")
+        target = parse_target(args.target)
         workloads = [w.strip() for w in args.workloads.split(",")] if args.workloads else None
 
         def show_progress(workload: str, check: RuleCheck) -> None:
@@ -309,7 +321,8 @@ def _cmd_rules(args: Any) -> int:
                   f"{len(check.failures)} failing so far", file=sys.stderr)
 
         check = check_rule(args.rule, workloads, args.programs, args.seed,
-                           not args.no_measure, args.trials, progress=show_progress)
+                           not args.no_measure, args.trials, progress=show_progress,
+                           target=target)
     except RuleError as err:
         raise CliError(str(err)) from None
     if args.json:

@@ -1,0 +1,298 @@
+"""Performance that travels: eqsched (64 trials) against numpy and onnxruntime on the host, on an
+AVX2 target, on awkward shapes, and on two threads against one.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/portability.py
+    ... --only matmul-127 conv2d-late --targets host --trials 32
+
+One command runs every part, each in a child process of its own, because OpenBLAS picks its
+kernel when numpy is imported: the `host` part runs with OPENBLAS_CORETYPE unset (OpenBLAS's
+kernel for this CPU), the `host,-avx512f` part with OPENBLAS_CORETYPE=Haswell (its AVX2 kernel),
+both set for that child only. In each part every case explores with a fresh database and one
+thread, then the best program, numpy's strongest formulation (`Workload.numpy_baseline`:
+buffers allocated once, one BLAS thread) and onnxruntime (one intra-op thread, inputs and output
+bound once) are timed alternately, so all three see the same machine noise. The `threads` part
+explores matmul 1024³, conv2d and mm_exp_mm with two threads and times that winner on two
+threads beside the one-thread winner on one thread.
+
+Bars (issue 13): every row >= 0.9x numpy on the host and >= 0.85x on the AVX2 target; conv2d
+rows >= 0.9x onnxruntime; two threads >= 1.8x one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# name -> (workload, size)
+CASES = {
+    "matmul-512": ("matmul", (512, 512, 512)),
+    "matmul-1024": ("matmul", (1024, 1024, 1024)),
+    "conv2d-resnet": ("conv2d_nchw", (1, 64, 56, 56, 64, 3, 3, 1, 1)),
+    "mm_exp_mm": ("mm_exp_mm", (1024, 2048, 1024, 3072)),
+    "matmul-127": ("matmul", (127, 127, 127)),
+    "matmul-1000": ("matmul", (1000, 1000, 1000)),
+    "matmul-197x3072x768": ("matmul", (197, 3072, 768)),
+    "conv2d-late": ("conv2d_nchw", (1, 512, 7, 7, 512, 3, 3, 1, 1)),
+}
+THREAD_CASES = ("matmul-1024", "conv2d-resnet", "mm_exp_mm")
+TARGETS = {"host": None, "host,-avx512f": "Haswell"}  # target -> OPENBLAS_CORETYPE
+NUMPY_BAR = {"host": 0.9, "host,-avx512f": 0.85}
+ORT_BAR, THREADS_BAR = 0.9, 1.8
+
+
+def _single_thread_libraries() -> None:
+    """Must run before numpy is imported: one BLAS / OpenMP thread."""
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def onnxruntime_run(workload: str, size: tuple[int, ...], inputs: dict) -> Callable[[], None]:
+    """A one-thread onnxruntime session of the workload with its buffers bound once."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    def tensor(name: str, shape) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+    if workload == "matmul":
+        m, n, _ = size
+        nodes = [helper.make_node("MatMul", ["A", "B"], ["C"])]
+        feeds, out, out_shape = ["A", "B"], "C", (m, n)
+    elif workload == "mm_exp_mm":
+        m, _, _, n = size
+        nodes = [helper.make_node("MatMul", ["A", "B"], ["C"]),
+                 helper.make_node("Exp", ["C"], ["D"]),
+                 helper.make_node("MatMul", ["D", "E"], ["F"])]
+        feeds, out, out_shape = ["A", "B", "E"], "F", (m, n)
+    elif workload == "conv2d_nchw":
+        nb, _, h, w, k, r, s, stride, pad = size
+        oh, ow = (h + 2 * pad - r) // stride + 1, (w + 2 * pad - s) // stride + 1
+        nodes = [helper.make_node("Conv", ["I", "W"], ["O"], kernel_shape=[r, s],
+                                  strides=[stride, stride], pads=[pad] * 4)]
+        feeds, out, out_shape = ["I", "W"], "O", (nb, k, oh, ow)
+    else:
+        raise SystemExit(f"no onnxruntime formulation of {workload}")
+    by_feed = dict(zip(feeds, {"matmul": ["A", "B"], "mm_exp_mm": ["A", "B", "E"],
+                               "conv2d_nchw": ["X", "W"]}[workload]))
+    graph = helper.make_graph(nodes, workload, [tensor(f, inputs[by_feed[f]].shape) for f in feeds],
+                              [tensor(out, out_shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    for feed in feeds:
+        binding.bind_cpu_input(feed, np.ascontiguousarray(inputs[by_feed[feed]], np.float32))
+    result = np.empty(out_shape, np.float32)
+    binding.bind_output(out, "cpu", 0, np.float32, out_shape, result.ctypes.data)
+    run_options = ort.RunOptions()
+
+    def run() -> None:
+        session.run_with_iobinding(binding, run_options)
+
+    run.output = result  # type: ignore[attr-defined]
+    return run
+
+
+def timed(fns: list[Callable[[], None]], repeats: int) -> list[float]:
+    """Median seconds of each function, run alternately."""
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
+        fn()  # warm
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def best_program(workload: str, size: tuple[int, ...], trials: int, seed: int, threads: int,
+                 target: str, label: str):
+    from eqsched.explore import Settings, explore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = explore(workload, size, trials=trials, seed=seed, db=str(Path(tmp) / "b.db"),
+                         settings=Settings(threads=threads, target=target),
+                         progress=lambda event, data: print(f"  {label}: {event} {data}",
+                                                            file=sys.stderr, flush=True))
+    return result
+
+
+def kernel_run(program, inputs: dict, threads: int, target: str) -> Callable[[], None]:
+    import numpy as np
+
+    from eqsched.backend import CompileOptions, Target, compile_program
+
+    kernel = compile_program(program, CompileOptions(threads=threads, target=Target.parse(target)))
+    arrays = [inputs[b.name] for b in program.inputs]
+    outputs = {b.name: np.empty(b.shape, np.float32) for b in program.outputs}
+    arrays += list(outputs.values())
+
+    def run() -> None:
+        kernel(*arrays)
+
+    run.outputs = outputs  # type: ignore[attr-defined]
+    return run
+
+
+def check(label: str, comp, got: dict, want: dict) -> None:
+    import numpy as np
+
+    from eqsched.reference import compare, tolerance
+
+    ok, _, message = compare(got, {k: np.asarray(v, np.float64) for k, v in want.items()},
+                             tolerance(comp))
+    if not ok:
+        raise SystemExit(f"{label}: disagrees with numpy: {message}")
+
+
+def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: int) -> list:
+    from eqsched.reference import random_inputs
+    from eqsched.workloads import get_workload
+
+    rows = []
+    for name in cases:
+        workload, size = CASES[name]
+        label = f"{name} [{target}]"
+        result = best_program(workload, size, trials, seed, 1, target, label)
+        if result.best_program is None:
+            rows.append({"case": name, "target": target, "error": "no correct program"})
+            continue
+        wl = get_workload(workload)
+        comp = wl.build(*size)
+        inputs = random_inputs(comp, 0)
+        ours = kernel_run(result.best_program, inputs, 1, target)
+        numpy_run = wl.numpy_baseline(inputs, *size)
+        ort_run = onnxruntime_run(workload, size, inputs)
+        ours()
+        want = numpy_run()
+        check(label, comp, ours.outputs, want)
+        ort_run()
+        check(f"{label} onnxruntime", comp, {next(iter(ours.outputs)): ort_run.output}, want)
+        seconds = timed([ours, numpy_run, ort_run], repeats)
+        eq, npy, ort = (comp.flops / s / 1e9 for s in seconds)
+        rows.append({"case": name, "target": target, "eqsched": eq, "numpy": npy,
+                     "onnxruntime": ort, "explore_s": result.wall_s, "trials": trials,
+                     "trace": result.best_trace})
+        print(f"{label}: {eq:.1f} / numpy {npy:.1f} / onnxruntime {ort:.1f} GFLOPS",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def part_threads(cases: list[str], trials: int, seed: int, repeats: int) -> list:
+    from eqsched.reference import random_inputs
+    from eqsched.workloads import get_workload
+
+    rows = []
+    for name in cases:
+        workload, size = CASES[name]
+        comp = get_workload(workload).build(*size)
+        inputs = random_inputs(comp, 0)
+        runs = []
+        for threads in (1, 2):
+            result = best_program(workload, size, trials, seed, threads, "host",
+                                  f"{name} [{threads} threads]")
+            runs.append(kernel_run(result.best_program, inputs, threads, "host"))
+            runs[-1]()
+        want = get_workload(workload).numpy_baseline(inputs, *size)()
+        for run in runs:
+            check(name, comp, run.outputs, want)
+        one, two = (comp.flops / s / 1e9 for s in timed(runs, repeats))
+        rows.append({"case": name, "one": one, "two": two})
+    return rows
+
+
+def report(rows_by_target: dict[str, list], thread_rows: list) -> bool:
+    ok = True
+    for target, rows in rows_by_target.items():
+        numpy_name = "numpy" + (" (Haswell kernel)" if TARGETS[target] else "")
+        print(f"\n== target {target}: one thread, GFLOPS, medians of alternating runs ==")
+        print(f"{'case':<21} {'eqsched':>8} {numpy_name:>{max(7, len(numpy_name))}} {'ratio':>6} "
+              f"{'onnxrt':>7} {'ratio':>6} {'explore s':>9}")
+        for row in rows:
+            if "error" in row:
+                print(f"{row['case']:<21} {row['error']}  BELOW")
+                ok = False
+                continue
+            r_np, r_ort = row["eqsched"] / row["numpy"], row["eqsched"] / row["onnxruntime"]
+            good = r_np >= NUMPY_BAR[target] and (not row["case"].startswith("conv2d")
+                                                   or r_ort >= ORT_BAR)
+            ok &= good
+            print(f"{row['case']:<21} {row['eqsched']:>8.1f} "
+                  f"{row['numpy']:>{max(7, len(numpy_name))}.1f} {r_np:>6.2f} "
+                  f"{row['onnxruntime']:>7.1f} {r_ort:>6.2f} {row['explore_s']:>9.1f}  "
+                  f"{'ok' if good else 'BELOW'}")
+        print(f"(bars: >= {NUMPY_BAR[target]} x numpy; conv2d >= {ORT_BAR} x onnxruntime)")
+    if thread_rows:
+        print("\n== two threads vs one (host; each its own exploration's winner) ==")
+        print(f"{'case':<21} {'1 thread':>9} {'2 threads':>9} {'speedup':>8}")
+        for row in thread_rows:
+            speedup = row["two"] / row["one"]
+            ok &= speedup >= THREADS_BAR
+            print(f"{row['case']:<21} {row['one']:>9.1f} {row['two']:>9.1f} {speedup:>8.2f}  "
+                  f"{'ok' if speedup >= THREADS_BAR else 'BELOW'}")
+        print(f"(bar: >= {THREADS_BAR} x)")
+    return ok
+
+
+def run_part(argv: list[str], coretype: str | None) -> list:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    if coretype:
+        env["OPENBLAS_CORETYPE"] = coretype
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([sys.executable, __file__, *argv, "--part-out", out.name], env=env,
+                       check=True)
+        return json.loads(Path(out.name).read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", choices=sorted(CASES), help="cases (default all)")
+    ap.add_argument("--targets", nargs="*", choices=sorted(TARGETS), default=list(TARGETS))
+    ap.add_argument("--no-threads", action="store_true", help="skip the two-thread part")
+    ap.add_argument("--trials", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=15, help="alternating timing runs")
+    ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--part", help=argparse.SUPPRESS)
+    ap.add_argument("--part-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    cases = args.only or list(CASES)
+    common = ["--trials", str(args.trials), "--seed", str(args.seed), "--repeats",
+              str(args.repeats), "--only", *cases]
+    if args.part:
+        _single_thread_libraries()
+        if args.part == "threads":
+            rows = part_threads([c for c in cases if c in THREAD_CASES], args.trials, args.seed,
+                                args.repeats)
+        else:
+            rows = part_target(args.part, cases, args.trials, args.seed, args.repeats)
+        Path(args.part_out).write_text(json.dumps(rows))
+        return
+    rows_by_target = {t: run_part(["--part", t, *common], TARGETS[t]) for t in args.targets}
+    thread_rows = []
+    if not args.no_threads and any(c in THREAD_CASES for c in cases):
+        thread_rows = run_part(["--part", "threads", *common], None)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"targets": rows_by_target,
+                                               "threads": thread_rows}, indent=1))
+    sys.exit(0 if report(rows_by_target, thread_rows) else 1)
+
+
+if __name__ == "__main__":
+    main()
