@@ -1,6 +1,6 @@
 """A deliberately wrong rule, for `eqsched rules check` to catch: vectorize any innermost loop,
-having forgotten the guard that the stores under it are unit-stride along the loop's group (and
-that no block reduces over it). `eqsched rules check vectorize_unguarded --module
+having forgotten the guard that no block reduces over it (its lanes would race on one
+accumulator). `eqsched rules check vectorize_unguarded --module
 tests/wrong_rules.py` must report it unsound, with the smallest failing program."""
 
 from egglog import String, rewrite
@@ -13,7 +13,7 @@ from eqsched.rules.base import Rule, register
 
 @register
 class VectorizeUnguarded(Rule):
-    """Vectorize the innermost loop of any group (the unit-stride guard forgotten).
+    """Vectorize the innermost loop of any group (the guard against reduced groups forgotten).
 
         loop(C.k, "3/4", serial, [C.update]) -> loop(C.k, "3/4", vector, [C.update])
     """
