@@ -23,7 +23,7 @@ from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope
 from ..legality import loop_binding
 from .errors import BackendError
 from .indexing import LANES, Indexer
-from .mathlib import F32, I32, MathEmitter, broadcast, same_shape
+from .mathlib import F32, I32, MathEmitter, broadcast, declare, same_shape
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
@@ -530,38 +530,24 @@ def _emitted(nodes: tuple[Node, ...]) -> int:
 
 def _masked_load(module: ir.Module, ty: ir.VectorType) -> ir.Function:
     # The (ptr, i32 align, mask, passthru) form; LLVM's IR reader upgrades it to its current one.
-    name = f"llvm.masked.load.v{ty.count}f32.p0"
-    if name in module.globals:
-        return module.globals[name]
-    mask_ty = ir.VectorType(I1, ty.count)
-    return ir.Function(module, ir.FunctionType(ty, [PTR, I32, mask_ty, ty]), name)
+    return declare(module, f"llvm.masked.load.v{ty.count}f32.p0", ty,
+                      [PTR, I32, ir.VectorType(I1, ty.count), ty])
 
 
 def _masked_store(module: ir.Module, ty: ir.VectorType) -> ir.Function:
     # The (value, ptr, i32 align, mask) form, upgraded by LLVM's IR reader like the load's.
-    name = f"llvm.masked.store.v{ty.count}f32.p0"
-    if name in module.globals:
-        return module.globals[name]
-    mask_ty = ir.VectorType(I1, ty.count)
-    return ir.Function(module, ir.FunctionType(ir.VoidType(), [ty, PTR, I32, mask_ty]), name)
+    return declare(module, f"llvm.masked.store.v{ty.count}f32.p0", ir.VoidType(),
+                      [ty, PTR, I32, ir.VectorType(I1, ty.count)])
 
 
 def _scatter(module: ir.Module, ty: ir.VectorType) -> ir.Function:
-    name = f"llvm.masked.scatter.v{ty.count}f32.v{ty.count}p0"
-    if name in module.globals:
-        return module.globals[name]
-    ptrs_ty = ir.VectorType(PTR, ty.count)
-    mask_ty = ir.VectorType(I1, ty.count)
-    return ir.Function(module, ir.FunctionType(ir.VoidType(), [ty, ptrs_ty, I32, mask_ty]), name)
+    return declare(module, f"llvm.masked.scatter.v{ty.count}f32.v{ty.count}p0", ir.VoidType(),
+                      [ty, ir.VectorType(PTR, ty.count), I32, ir.VectorType(I1, ty.count)])
 
 
 def _gather(module: ir.Module, ty: ir.VectorType) -> ir.Function:
-    name = f"llvm.masked.gather.v{ty.count}f32.v{ty.count}p0"
-    if name in module.globals:
-        return module.globals[name]
-    ptrs_ty = ir.VectorType(PTR, ty.count)
-    mask_ty = ir.VectorType(I1, ty.count)
-    return ir.Function(module, ir.FunctionType(ty, [ptrs_ty, I32, mask_ty, ty]), name)
+    return declare(module, f"llvm.masked.gather.v{ty.count}f32.v{ty.count}p0", ty,
+                      [ir.VectorType(PTR, ty.count), I32, ir.VectorType(I1, ty.count), ty])
 
 
 __all__ = ["Segment", "lower"]

@@ -18,13 +18,17 @@ F32 = ir.FloatType()
 I32 = ir.IntType(32)
 
 
+def declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    """The declaration of function `name` (an LLVM intrinsic) in `module`, made on first use."""
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, ir.FunctionType(ret, args), name)
+
+
 def intrinsic(module: ir.Module, name: str, ty: ir.Type, nargs: int) -> ir.Function:
     """Declare (once) the overload of `llvm.<name>` for float or `<L x float>` arguments."""
     suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
-    full = f"llvm.{name}.{suffix}"
-    if full in module.globals:
-        return module.globals[full]
-    return ir.Function(module, ir.FunctionType(ty, [ty] * nargs), full)
+    return declare(module, f"llvm.{name}.{suffix}", ty, [ty] * nargs)
 
 
 class MathEmitter:
