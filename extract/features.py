@@ -8,17 +8,21 @@ distance), and the blocks are aggregated weighted by their iteration counts. Pro
 add the work (log2 flops), the copies (packing, cache_write copy nests) and the estimated traffic
 into each cache level per flop.
 
-    x = features(prog)                 # float64, len(FEATURE_NAMES), finite
+    hardware = Hardware.of(machine_model(target), threads=2)   # what the program runs on
+    x = features(prog, hardware)       # float64, len(FEATURE_NAMES), finite
     dict(zip(FEATURE_NAMES, x))["unit_stride_share"]
+
+Registers, lanes, cache lines and sizes come from the target's machine model and the parallel
+balance from the run's threads, so a program's features describe it on the hardware it was
+measured on (the same program has other features on an AVX2 target: twice the registers per
+tile, and those run out sooner).
 
 See docs/ARCHITECTURE.md §8 Cost models.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,12 +31,8 @@ from eqsched.affine import Affine
 from eqsched.expr import Load, count_flops
 from eqsched.ir import Block, Loop, LoopKind, Program, Scope
 from eqsched.legality import Site, accesses, sites
-from eqsched.machine import cache_sizes
+from eqsched.machine_model import MachineModel
 
-LINE_BYTES = 64
-VECTOR_BYTES = 64  # one 512-bit register
-VECTOR_REGISTERS = 32
-DEFAULT_CACHES = {"L1d": 32 << 10, "L2": 1 << 20, "L3": 32 << 20}
 _DTYPE_BYTES = {"float32": 4}
 
 # Per block, averaged over blocks weighted by their iteration counts.
@@ -89,16 +89,21 @@ _CACHE_LEVELS = ("L1d", "L2", "L3")
 _ROLLED = (LoopKind.SERIAL, LoopKind.PARALLEL)
 
 
-@functools.cache
-def cache_bytes() -> tuple[int, int, int]:
-    """L1d, L2, L3 sizes of this machine, with fixed defaults where sysfs says nothing."""
-    found = cache_sizes()
-    return tuple(found.get(level) or DEFAULT_CACHES[level] for level in _CACHE_LEVELS)
+@dataclass(frozen=True)
+class Hardware:
+    """What a program's features are measured against: the target's vector registers, this
+    machine's cache lines and L1d/L2/L3 sizes, and the threads the program runs on."""
 
+    vector_bytes: int
+    vector_registers: int
+    line_bytes: int
+    caches: tuple[int, int, int]
+    threads: int = 1
 
-@functools.cache
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    @classmethod
+    def of(cls, machine: MachineModel, threads: int = 1) -> Hardware:
+        return cls(machine.vector_lanes * 4, machine.vector_registers, machine.line_bytes,
+                   tuple(machine.caches[level] for level in _CACHE_LEVELS), threads)
 
 
 @dataclass(frozen=True)
@@ -111,13 +116,13 @@ class _Access:
     dims: tuple[tuple[tuple[int, int, int], ...] | None, ...]
     indices: tuple[Affine | None, ...]
 
-    def bytes_touched(self, extents: list[int]) -> list[int]:
+    def bytes_touched(self, extents: list[int], line: int) -> list[int]:
         """Per loop level (0 = the whole nest ... len(extents) = one iteration), the distinct
         bytes in whole cache lines that one run of the loops from that level inward touches:
         per dimension the distinct index values, the last dimension counted in lines."""
         depth = len(extents)
         if not self.dims:
-            return [LINE_BYTES] * (depth + 1)
+            return [line] * (depth + 1)
         span = [1] * len(self.dims)  # 1 + sum(|coefficient| * (extent - 1)) of the inner loops
         values = [1] * len(self.dims)  # product of their extents
         by_level: list[list[tuple[int, int, int]]] = [[] for _ in range(depth)]
@@ -137,8 +142,8 @@ class _Access:
                 reach = min(extent, values[d] if self.dims[d] is None else span[d])
                 distinct = min(reach, values[d])
                 if d == last:
-                    lines = -(-reach * self.elem_bytes // LINE_BYTES)
-                    total *= min(distinct, lines) * LINE_BYTES
+                    lines = -(-reach * self.elem_bytes // line)
+                    total *= min(distinct, lines) * line
                 else:
                     total *= distinct
             out[level] = total
@@ -201,30 +206,31 @@ def _log2(x: float) -> float:
     return math.log2(x) if x > 1 else 0.0
 
 
-def _block_stats(prog: Program, site: Site) -> _BlockStats:
+def _block_stats(prog: Program, site: Site, hw: Hardware) -> _BlockStats:
     """The block's BLOCK_FEATURES values and what it adds to the program-wide ones."""
     blk: Block = site.block
     extents = [lp.extent for lp in site.loops]
     points = math.prod(extents)
     flops_per_point = count_flops(blk.value) + (1 if blk.reduce else 0)
     accs = _distinct_accesses(prog, site)
-    touched = [a.bytes_touched(extents) for a in accs]
+    touched = [a.bytes_touched(extents, hw.line_bytes) for a in accs]
     footprint = [sum(t[level] for t in touched) for level in range(len(extents) + 1)]
     par_extent = math.prod(lp.extent for lp in site.loops if lp.kind == LoopKind.PARALLEL)
-    values = (*_nest_values(prog, site, flops_per_point),
+    values = (*_nest_values(prog, site, flops_per_point, hw),
               *_stride_values(accs, site.loops),
-              *_reuse_values(accs, touched, footprint, extents, points),
-              _balance(par_extent))
+              *_reuse_values(accs, touched, footprint, extents, points, hw.caches),
+              _balance(par_extent, hw.threads))
     is_copy = blk.reduce is None and isinstance(blk.value, Load)
     return _BlockStats(points, points * flops_per_point, is_copy,
-                       par_extent > 1, _traffic(footprint, extents), values)
+                       par_extent > 1, _traffic(footprint, extents, hw.caches), values)
 
 
 def _vectorized(inner: Loop | None) -> bool:
     return inner is not None and inner.kind == LoopKind.VECTOR
 
 
-def _nest_values(prog: Program, site: Site, flops_per_point: int) -> tuple[float, ...]:
+def _nest_values(prog: Program, site: Site, flops_per_point: int,
+                 hw: Hardware) -> tuple[float, ...]:
     """log2_serial_trips ... loads_per_point: the loop nest and the statement."""
     blk, loops = site.block, site.loops
     trips = {kind: math.prod(lp.extent for lp in loops if lp.kind == kind) for kind in LoopKind}
@@ -237,7 +243,7 @@ def _nest_values(prog: Program, site: Site, flops_per_point: int) -> tuple[float
         _log2(trips[LoopKind.PARALLEL]),
         _log2(trips[LoopKind.UNROLL]),
         _log2(trips[LoopKind.VECTOR]),
-        *_register_values(loops, elem),
+        *_register_values(loops, elem, hw),
         _log2(inner.extent) if inner else 0.0,
         float(len(loops)),
         float(blk.reduce is not None),
@@ -248,13 +254,13 @@ def _nest_values(prog: Program, site: Site, flops_per_point: int) -> tuple[float
     )
 
 
-def _register_values(loops: tuple[Loop, ...], elem: int) -> tuple[float, ...]:
+def _register_values(loops: tuple[Loop, ...], elem: int, hw: Hardware) -> tuple[float, ...]:
     """innermost_vectorized ... log2_register_spill: the vector lanes and the register tile (the
     innermost run of unrolled loops, inside the vectorized one if any)."""
     inner: Loop | None = loops[-1] if loops else None
     vectorized = _vectorized(inner)
     lanes = inner.extent if vectorized else 1
-    lanes_per_register = VECTOR_BYTES // elem
+    lanes_per_register = hw.vector_bytes // elem
     vector_registers = -(-lanes // lanes_per_register)
     unrolled = 1
     for lp in reversed(loops[:-1] if vectorized else loops):
@@ -267,7 +273,7 @@ def _register_values(loops: tuple[Loop, ...], elem: int) -> tuple[float, ...]:
         lanes / (vector_registers * lanes_per_register) if vectorized else 0.0,
         _log2(unrolled * lanes),
         _log2(registers),
-        _log2(registers / VECTOR_REGISTERS),
+        _log2(registers / hw.vector_registers),
     )
 
 
@@ -293,11 +299,11 @@ def _stride_values(accs: list[_Access], loops: tuple[Loop, ...]) -> tuple[float,
 
 
 def _reuse_values(accs: list[_Access], touched: list[list[int]], footprint: list[int],
-                  extents: list[int], points: int) -> tuple[float, ...]:
+                  extents: list[int], points: int,
+                  caches: tuple[int, int, int]) -> tuple[float, ...]:
     """reuse_in_L1_share ... log2_reuse_ratio: per access, the innermost loop that does not move
     it (its reuse) and the bytes the nest touches between two uses, against the caches."""
     depth = len(extents)
-    caches = cache_bytes()
     n = max(len(accs), 1)
     reuse_fit = [0.0, 0.0, 0.0]
     no_reuse, distance_log, ratio_log = 0, 0.0, 0.0
@@ -314,27 +320,27 @@ def _reuse_values(accs: list[_Access], touched: list[list[int]], footprint: list
             no_reuse / n, distance_log / n, ratio_log / n)
 
 
-def _balance(par_extent: int) -> float:
-    """parallel_balance: the useful share of the cores' iterations of the parallel loops."""
-    cores = _cores()
-    return par_extent / (-(-par_extent // cores) * cores) if par_extent > 1 else 0.0
+def _balance(par_extent: int, threads: int) -> float:
+    """parallel_balance: the useful share of the threads' iterations of the parallel loops."""
+    return par_extent / (-(-par_extent // threads) * threads) if par_extent > 1 else 0.0
 
 
-def _traffic(footprint: list[int], extents: list[int]) -> tuple[float, ...]:
+def _traffic(footprint: list[int], extents: list[int],
+             caches: tuple[int, int, int]) -> tuple[float, ...]:
     """Bytes brought into each cache level: the footprint of the outermost loop level whose
     footprint fits, times the trips of the loops around it."""
     depth = len(extents)
     traffic = []
-    for size in cache_bytes():
+    for size in caches:
         level = next(lv for lv in range(depth + 1) if footprint[lv] <= size or lv == depth)
         traffic.append(float(footprint[level] * math.prod(extents[:level])))
     return tuple(traffic)
 
 
-def features(prog: Program) -> np.ndarray:
-    """The program's feature vector, float64, in FEATURE_NAMES order."""
+def features(prog: Program, hardware: Hardware) -> np.ndarray:
+    """The program's feature vector on `hardware`, float64, in FEATURE_NAMES order."""
     stage_names = {s.name for s in prog.computation.stages}
-    stats = [_block_stats(prog, site) for site in sites(prog).values()]
+    stats = [_block_stats(prog, site, hardware) for site in sites(prog).values()]
     points = sum(s.points for s in stats)
     weights = np.array([s.points for s in stats], dtype=float) / max(points, 1)
     per_block = np.array([s.values for s in stats]).reshape(len(stats), len(BLOCK_FEATURES))
@@ -357,5 +363,4 @@ def features(prog: Program) -> np.ndarray:
     return np.concatenate([weights @ per_block, np.array(program)])
 
 
-__all__ = ["BLOCK_FEATURES", "DEFAULT_CACHES", "FEATURE_NAMES", "PROGRAM_FEATURES",
-           "cache_bytes", "features"]
+__all__ = ["BLOCK_FEATURES", "FEATURE_NAMES", "PROGRAM_FEATURES", "Hardware", "features"]

@@ -2,9 +2,10 @@
 trained on every measurement of this machine (all runs and workloads in the database) plus the
 current run's, and used only where a held-out check says they rank better than the prior.
 
-Inputs are `features(prog)` and the log of the prior's prediction (the analytic model by
-default). The trees are trained with LightGBM's lambdarank objective, one query group per
-problem (a workload at one size): only the order of programs within a problem is learned, since
+Inputs are `features(prog, hardware)` (on the prior's machine model and threads) and the log
+of the prior's prediction (the analytic model by default). The trees are trained with
+LightGBM's lambdarank objective, one query group per problem (a workload at one size): only
+the order of programs within a problem is learned, since
 that is all the search asks and times of different problems differ mostly by their work. The
 relevance of a program is its rank within its group, in RELEVANCE_LEVELS quantiles (fastest
 highest); every pair of a group counts (no NDCG truncation), so the whole order is learned, with
@@ -39,6 +40,7 @@ See docs/ARCHITECTURE.md §8 Cost models.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -51,11 +53,12 @@ import lightgbm
 import numpy as np
 
 from eqsched.ir import Program, naive_program
+from eqsched.machine_model import MachineModel, machine_model
 from eqsched.schedule import Schedule, ScheduleError
 
 from . import features as features_module
 from .cost import CostModel, CostModelError, get_cost_model, register, spearman
-from .features import FEATURE_NAMES, features
+from .features import FEATURE_NAMES, Hardware, features
 
 if TYPE_CHECKING:
     from eqsched.db import Database
@@ -123,17 +126,28 @@ def _log_prior(prior: CostModel | None, programs: Sequence[Program]) -> np.ndarr
     return np.log(np.clip(np.asarray(prior.predict(programs), dtype=float), _TINY, None))
 
 
-def inputs(programs: Sequence[Program], prior: CostModel | None) -> np.ndarray:
-    """The model's input rows: features, then the prior's log prediction."""
-    rows = np.array([features(p) for p in programs]).reshape(len(programs), len(FEATURE_NAMES))
+def hardware_of(prior: CostModel | None) -> Hardware:
+    """The hardware a model's programs run on: its prior's machine model and threads (the
+    analytic model has them), else the host's, one thread."""
+    machine = getattr(prior, "machine", None)
+    if isinstance(machine, MachineModel):
+        return Hardware.of(machine, getattr(prior, "threads", 1))
+    return Hardware.of(machine_model(), 1)
+
+
+def inputs(programs: Sequence[Program], prior: CostModel | None,
+           hardware: Hardware) -> np.ndarray:
+    """The model's input rows: features on `hardware`, then the prior's log prediction."""
+    rows = np.array([features(p, hardware) for p in programs]).reshape(len(programs),
+                                                                       len(FEATURE_NAMES))
     return np.column_stack([rows, _log_prior(prior, programs)])
 
 
-def inputs_key(prior: CostModel | None) -> str:
+def inputs_key(prior: CostModel | None, hardware: Hardware) -> str:
     """Names how `inputs` are computed, for the database's cache of them: the feature names, the
-    source of the features module and of the prior's module, and the prior's settings. Any
-    change to them computes the inputs afresh."""
-    parts = [list(FEATURE_NAMES), inspect.getsource(features_module)]
+    source of the features module, the hardware, the source of the prior's module and the
+    prior's settings. Any change to them computes the inputs afresh."""
+    parts = [list(FEATURE_NAMES), inspect.getsource(features_module), repr(hardware)]
     if prior is not None:
         settings = {k: repr(v) for k, v in sorted(vars(prior).items()) if not k.startswith("_")}
         parts += [type(prior).__qualname__, inspect.getsource(sys.modules[type(prior).__module__]),
@@ -142,7 +156,8 @@ def inputs_key(prior: CostModel | None) -> str:
     return f"learned-inputs/{digest}"
 
 
-def history(db: Database, prior: CostModel | None, *, threads: int | None = None,
+def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
+            threads: int | None = None,
             machine_key: str | None = None, workloads: Sequence[str] | None = None,
             target: str = "host") -> tuple[list[tuple[str, Example]], int]:
     """Examples of every stored measurement `training_rows` selects, each with its workload
@@ -153,7 +168,7 @@ def history(db: Database, prior: CostModel | None, *, threads: int | None = None
     from eqsched.workloads import get_workload
 
     rows = training_rows(db, machine_key, threads=threads, workloads=workloads, target=target)
-    key = inputs_key(prior)
+    key = inputs_key(prior, hardware)
     cached = db.derived(key, [r.id for r in rows])
     naive: dict[str, Program] = {}
     fresh: dict[int, list[float]] = {}
@@ -169,7 +184,7 @@ def history(db: Database, prior: CostModel | None, *, threads: int | None = None
             except (ScheduleError, KeyError, TypeError, ValueError):
                 skipped += 1
                 continue
-            x = fresh[row.id] = inputs([prog], prior)[0].tolist()
+            x = fresh[row.id] = inputs([prog], prior, hardware)[0].tolist()
         out.append((row.workload, Example(naive[row.key].hash(), row.program_hash,
                                           np.asarray(x, dtype=float), float(np.log(row.median_s)))))
     if fresh and not db.readonly:
@@ -241,11 +256,13 @@ class LearnedModel(CostModel):
     name = "learned"
 
     def __init__(self, prior: CostModel | str | None = "analytic",
-                 min_samples: int = MIN_SAMPLES, seed: int = 0):
+                 min_samples: int = MIN_SAMPLES, seed: int = 0,
+                 hardware: Hardware | None = None):
         if min_samples < 2 * VALIDATION_FOLDS:
             raise CostModelError(f"min_samples must be at least {2 * VALIDATION_FOLDS}, "
                                  f"got {min_samples}")
         self.prior = _as_prior(prior)
+        self._hardware = hardware
         self.min_samples = min_samples
         self.seed = seed
         self._examples: dict[tuple[str, str], Example] = {}  # (group, key) -> the latest
@@ -255,6 +272,14 @@ class LearnedModel(CostModel):
         self._anchors: dict[str, float] = {}
         self._validation: dict[str, float | int | None] = {}
         self._stale = False  # examples changed since the last fit: refit before the next use
+
+    @property
+    def hardware(self) -> Hardware:
+        """What the features describe: given, else the prior's (found when first needed: a
+        model given only computed inputs never calibrates a machine)."""
+        if self._hardware is None:
+            self._hardware = hardware_of(self.prior)
+        return self._hardware
 
     @property
     def samples(self) -> int:
@@ -282,7 +307,7 @@ class LearnedModel(CostModel):
             if self.prior is None:
                 return np.ones(len(programs))
             return np.asarray(self.prior.predict(programs), dtype=float)
-        scores = self._trees.predict(inputs(programs, self.prior))
+        scores = self._trees.predict(inputs(programs, self.prior, self.hardware))
         anchors = np.array([self._anchor(p) for p in programs])
         return np.exp(anchors + self._slope * scores)
 
@@ -298,7 +323,7 @@ class LearnedModel(CostModel):
         group = group_of(prog)
         if group not in self._anchors:
             naive = _naive(prog)
-            score = self._trees.predict(inputs([naive], self.prior))[0]
+            score = self._trees.predict(inputs([naive], self.prior, self.hardware))[0]
             self._anchors[group] = float(_log_prior(self.prior, [naive])[0]
                                          - self._slope * score)
         return self._anchors[group]
@@ -311,7 +336,7 @@ class LearnedModel(CostModel):
             raise CostModelError("measured times must be finite and positive (filter errors out)")
         if not len(programs):
             return
-        x = inputs(programs, self.prior)
+        x = inputs(programs, self.prior, self.hardware)
         for prog, row, s in zip(programs, x, seconds):
             group = group_of(prog)
             self._current.add(group)
@@ -323,7 +348,7 @@ class LearnedModel(CostModel):
         """Learn from this machine's stored measurements in `db` for `target` (a `Target.spec`;
         those of parallel programs timed with `threads` threads, if given); returns how many it
         added."""
-        found, _ = history(db, self.prior, threads=threads, target=target)
+        found, _ = history(db, self.prior, self.hardware, threads=threads, target=target)
         return self.add_examples([example for _, example in found])
 
     def add_examples(self, examples: Sequence[Example], *, current: bool = False) -> int:
@@ -386,7 +411,8 @@ class LearnedModel(CostModel):
     def state(self) -> dict:
         """JSON-able: the settings and the examples (the trees are retrained on load)."""
         return {"min_samples": self.min_samples, "seed": self.seed,
-                "features": list(FEATURE_NAMES), "current": sorted(self._current),
+                "features": list(FEATURE_NAMES), "hardware": dataclasses.asdict(self.hardware),
+                "current": sorted(self._current),
                 "examples": [[e.group, e.key, e.x.tolist(), e.log_seconds]
                              for e in self._examples.values()]}
 
@@ -396,7 +422,12 @@ class LearnedModel(CostModel):
         again (it must be the same prior: the stored inputs include its log predictions)."""
         if state.get("features") != list(FEATURE_NAMES):
             raise CostModelError("the saved learned model was trained on other features")
-        model = cls(prior, state["min_samples"], state["seed"])
+        try:
+            hardware = Hardware(**{**state["hardware"],
+                                   "caches": tuple(state["hardware"]["caches"])})
+        except (KeyError, TypeError):
+            raise CostModelError("the saved learned model names no hardware") from None
+        model = cls(prior, state["min_samples"], state["seed"], hardware)
         try:
             for group, key, x, log_seconds in state["examples"]:
                 e = Example(str(group), str(key), np.asarray(x, dtype=float), float(log_seconds))

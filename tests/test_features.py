@@ -3,9 +3,10 @@ schedule did (vector lanes, register tile, local accumulator, packing, strides, 
 
 import numpy as np
 import pytest
+from test_analytic import AVX2, AVX512
 from test_schedule import hand_schedule
 
-from eqsched.extract.features import FEATURE_NAMES, cache_bytes, features
+from eqsched.extract.features import FEATURE_NAMES, Hardware, features
 from eqsched.ir import Program, naive_program
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload, list_workloads
@@ -15,8 +16,11 @@ def matmul(*size: int) -> Schedule:
     return Schedule(naive_program(get_workload("matmul").build(*size)))
 
 
-def named(prog: Program) -> dict[str, float]:
-    x = features(prog)
+ON_AVX512 = Hardware.of(AVX512)
+
+
+def named(prog: Program, hardware: Hardware = ON_AVX512) -> dict[str, float]:
+    x = features(prog, hardware)
     assert x.shape == (len(FEATURE_NAMES),) and x.dtype == np.float64
     assert np.all(np.isfinite(x))
     return dict(zip(FEATURE_NAMES, x))
@@ -63,18 +67,18 @@ def test_register_tiled_matmul_features_name_each_transformation():
 
 def test_each_schedule_step_changes_the_features():
     sch = matmul(64, 64, 64)
-    seen = [features(sch.program)]
+    seen = [features(sch.program, ON_AVX512)]
     sch.reorder("C.i", "C.k", "C.j")
-    seen.append(features(sch.program))
+    seen.append(features(sch.program, ON_AVX512))
     sch.split("C.j", [-1, 16])
     sch.vectorize("C.j.1")
-    seen.append(features(sch.program))
+    seen.append(features(sch.program, ON_AVX512))
     sch.split("C.i", [-1, 4])
     sch.reorder("C.i.0", "C.k", "C.i.1")
     sch.unroll("C.i.1")
-    seen.append(features(sch.program))
+    seen.append(features(sch.program, ON_AVX512))
     sch.parallel("C.i.0")
-    seen.append(features(sch.program))
+    seen.append(features(sch.program, ON_AVX512))
     for before, after in zip(seen, seen[1:]):
         assert not np.allclose(before, after)
 
@@ -114,6 +118,24 @@ def test_scheduled_programs_of_other_workloads_have_finite_features():
     assert f["parallel_point_share"] > 0
 
 
-def test_cache_sizes_are_positive_and_ordered():
-    l1, l2, l3 = cache_bytes()
-    assert 0 < l1 < l2 <= l3
+def test_the_hardware_comes_from_the_machine_model_and_the_threads():
+    assert Hardware.of(AVX512, threads=2) == Hardware(64, 32, 64, (48 << 10, 1 << 20, 32 << 20), 2)
+    assert Hardware.of(AVX2).vector_bytes == 32 and Hardware.of(AVX2).vector_registers == 16
+
+
+def test_a_register_tile_needs_twice_the_registers_of_an_avx2_target():
+    prog = register_tiled(matmul(128, 128, 128)).program
+    wide, narrow = named(prog), named(prog, Hardware.of(AVX2))
+    assert narrow["log2_tile_registers"] == pytest.approx(wide["log2_tile_registers"] + 1, abs=0.05)
+    assert wide["log2_register_spill"] == 0 < narrow["log2_register_spill"]
+    assert narrow["vector_lane_fill"] == wide["vector_lane_fill"] > 0.99
+
+
+def test_the_parallel_balance_follows_the_threads():
+    sch = Schedule(naive_program(get_workload("elementwise_chain").build(48)))
+    sch.split("Z.i", [3, -1])
+    sch.parallel("Z.i.0")
+    two, three = (named(sch.program, Hardware.of(AVX512, threads)) for threads in (2, 3))
+    # Z holds a third of the points; its 3 chunks take 2 rounds of 2 threads, 1 round of 3
+    assert two["parallel_balance"] == pytest.approx(0.75 / 3)
+    assert three["parallel_balance"] == pytest.approx(1 / 3)

@@ -7,16 +7,18 @@ import math
 
 import numpy as np
 import pytest
+from test_analytic import AVX512
 
 from eqsched.db import Database, Record
 from eqsched.egraph.derive import derive, realize
 from eqsched.egraph.space import build_space
 from eqsched.extract.cost import CostModel, CostModelError, get_cost_model, spearman
-from eqsched.extract.features import FEATURE_NAMES, features
+from eqsched.extract.features import FEATURE_NAMES, Hardware, features
 from eqsched.extract.learned import (
     Example,
     LearnedModel,
     group_of,
+    hardware_of,
     history,
     inputs,
     inputs_key,
@@ -28,10 +30,15 @@ from eqsched.rules import default_rules
 from eqsched.workloads import get_workload
 
 SIZE = (64, 64, 64)
+HARDWARE = Hardware.of(AVX512)
 
 
 class Iterations(CostModel):
-    """A weak prior: a nanosecond per iteration of every block (blind to vectors and caches)."""
+    """A weak prior: a nanosecond per iteration of every block (blind to vectors and caches).
+    Like the analytic model, it names the machine model and threads its programs run on."""
+
+    machine = AVX512
+    threads = 1
 
     def predict(self, programs):
         return np.array([1e-9 * sum(math.prod(lp.extent for lp in site.loops)
@@ -60,7 +67,7 @@ def programs(drawn) -> list[Program]:
 def synthetic_seconds(programs) -> np.ndarray:
     """Times that follow a known order: a fixed nonlinear function of the features that the
     Iterations prior does not see."""
-    x = np.array([features(p) for p in programs])
+    x = np.array([features(p, HARDWARE) for p in programs])
     spread = x.std(axis=0)
     z = (x - x.mean(axis=0)) / np.where(spread > 0, spread, 1)
     w = np.random.default_rng(7).normal(size=x.shape[1])
@@ -142,7 +149,7 @@ def test_learns_from_examples_of_another_problem(programs, synthetic_seconds):
     # Examples of other runs count like the run's own (the database's history); the current
     # problem's held-out programs must still be ranked no worse than by the prior.
     other = [Example("another-problem", p.hash(), x, float(np.log(s)))
-             for p, x, s in zip(programs[:60], inputs(programs[:60], Iterations()),
+             for p, x, s in zip(programs[:60], inputs(programs[:60], Iterations(), HARDWARE),
                                 synthetic_seconds[:60])]
     model = LearnedModel(Iterations(), min_samples=20)
     assert model.add_examples(other) == 60 and model.add_examples(other) == 0
@@ -166,29 +173,39 @@ def test_history_replays_stored_traces_and_caches_their_inputs(tmp_path, drawn,
                       run_id=run))
         db.add(Record("matmul", list(SIZE), items[6][0].hash(), "", {}, [], [1.0], 1.0, 1.0,
                       True, None, run_id=run, machine_fp="machine-b"))
-        found, skipped = history(db, prior)
+        found, skipped = history(db, prior, HARDWARE)
         assert skipped == 0 and [w for w, _ in found] == ["matmul"] * 5  # this machine, correct
         for (_, example), (prog, _, _), s in zip(found, items, synthetic_seconds):
             assert example.group == group_of(prog) and example.key == prog.hash()
-            assert np.array_equal(example.x, inputs([prog], prior)[0])
+            assert np.array_equal(example.x, inputs([prog], prior, HARDWARE)[0])
             assert example.log_seconds == pytest.approx(np.log(s))
         ids = [r[0] for r in db._conn.execute("SELECT id FROM measurements ORDER BY id")][:5]
-        assert len(db.derived(inputs_key(prior), ids)) == 5
+        assert len(db.derived(inputs_key(prior, HARDWARE), ids)) == 5
     with Database(path, readonly=True, machine_fp="machine-a") as db:
-        again, _ = history(db, prior)  # from the cache: same inputs
+        again, _ = history(db, prior, HARDWARE)  # from the cache: same inputs
         assert all(np.array_equal(a.x, b.x) for (_, a), (_, b) in zip(found, again))
         model = LearnedModel(prior, min_samples=10)
         assert model.add_history(db) == 5 and not model.fitted
 
 
-def test_the_inputs_key_names_the_prior_and_its_settings():
+def test_the_inputs_key_names_the_prior_its_settings_and_the_hardware():
     class Scaled(Iterations):
         def __init__(self, scale):
             self.scale = scale
 
-    assert inputs_key(Scaled(1)) == inputs_key(Scaled(1)) != inputs_key(Scaled(2))
-    assert inputs_key(None) != inputs_key(Scaled(1))
-    assert len(inputs([], None)[0:0].T) == len(FEATURE_NAMES) + 1
+    key = inputs_key(Scaled(1), HARDWARE)
+    assert key == inputs_key(Scaled(1), HARDWARE) != inputs_key(Scaled(2), HARDWARE)
+    assert inputs_key(None, HARDWARE) != key
+    assert inputs_key(Scaled(1), Hardware.of(AVX512, threads=2)) != key
+    assert len(inputs([], None, HARDWARE)[0:0].T) == len(FEATURE_NAMES) + 1
+
+
+def test_the_features_describe_the_priors_hardware_and_are_saved_with_the_examples(programs):
+    model = LearnedModel(Iterations(), min_samples=20)
+    assert model.hardware == hardware_of(Iterations()) == HARDWARE
+    model.update(programs[:3], [1e-3, 2e-3, 3e-3])
+    restored = LearnedModel.from_state(json.loads(json.dumps(model.state())), prior=None)
+    assert restored.hardware == HARDWARE
 
 
 def test_registered_under_its_name_with_options():
@@ -210,6 +227,10 @@ def test_user_errors_are_one_line_cost_model_errors(programs):
         model.update(programs[:1], [0.0])
     with pytest.raises(CostModelError, match="other features"):
         LearnedModel.from_state({"features": ["old"]}, prior=Iterations())
+    state = {"features": list(FEATURE_NAMES), "min_samples": 20, "seed": 0,
+             "examples": [["g", "k", [1.0], 0.0]]}
+    with pytest.raises(CostModelError, match="names no hardware"):
+        LearnedModel.from_state(state, prior=Iterations())
     with pytest.raises(CostModelError, match="malformed"):
-        LearnedModel.from_state({"features": list(FEATURE_NAMES), "min_samples": 20, "seed": 0,
-                                 "examples": [["g", "k", [1.0], 0.0]]}, prior=Iterations())
+        LearnedModel.from_state({**state, "hardware": model.state()["hardware"]},
+                                prior=Iterations())

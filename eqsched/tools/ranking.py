@@ -321,7 +321,7 @@ def _cmd_curves(args: Any, target: Target) -> int:
     import json
 
     from ..db import Database, DatabaseError
-    from ..extract.learned import history
+    from ..extract.learned import hardware_of, history
     from .experiment import problem
 
     at_least_one(args, "draws", "threads")
@@ -337,7 +337,8 @@ def _cmd_curves(args: Any, target: Target) -> int:
     prior = cost_model_for("analytic", args.threads, target)
     try:
         with Database(args.db) as db:
-            rows, skipped = history(db, prior, threads=args.threads, target=target.spec)
+            rows, skipped = history(db, prior, hardware_of(prior), threads=args.threads,
+                                    target=target.spec)
     except DatabaseError as err:
         raise CliError(str(err)) from None
     try:
