@@ -89,6 +89,7 @@ class _FunctionEmitter:
         self.ix = Indexer(self.b, prog)
         self.guarded = 0  # > 0 while emitting a Select branch: loads there may be out of bounds
         self.unpartitioned = 0  # > 0 inside a tail too big to peel: blocks are guarded instead
+        self.tail: ir.Constant | None = None  # the active lanes of a tail vector (_vectorized)
 
     # ---- structure --------------------------------------------------------------------------
 
@@ -138,10 +139,10 @@ class _FunctionEmitter:
         elif loop.kind == LoopKind.VECTOR and full == loop.extent:
             self._vectorized(loop)
         elif loop.kind == LoopKind.VECTOR:
-            # A tail: the lanes that run whole form a narrower vector (<7 x float> for 7 of 8
-            # lanes); a lane that runs in part (a vector piece with a stride) is peeled.
+            # A tail: the lanes that run whole form a masked vector (7 of 8 lanes); a lane that
+            # runs in part (a vector piece with a stride) is peeled.
             if full > 1:
-                self._vectorized(Loop(loop.name, full, loop.kind, loop.body))
+                self._vectorized(loop, active=full, partial_lanes=reach > full)
             for value in range(0 if full == 1 else full, reach):
                 self._peeled(loop, value)
         else:
@@ -229,7 +230,23 @@ class _FunctionEmitter:
         b.cbranch(b.icmp_signed("<", nxt, hi), body, done)
         b.position_at_end(done)
 
-    def _vectorized(self, loop: Loop) -> None:
+    def _vectorized(self, loop: Loop, active: int | None = None,
+                    partial_lanes: bool = False) -> None:
+        """The body once on vectors; a tail runs only its first `active` lanes.
+
+        A tail vector is as wide as the next power of two (at most the loop's lanes) and its
+        memory accesses are masked to the active lanes: LLVM loads and stores a
+        non-power-of-two vector such as <56 x float> element by element (§17.2), where a masked
+        <64 x float> is three plain zmm accesses and one masked one. Arithmetic runs on every
+        lane; only memory sees the mask. A local tile is accessed whole (in its bounds: its
+        extent along the loop is the loop's, and the lanes past `active` are points past the
+        axis, never written back), so it can stay in registers; with `partial_lanes` those
+        lanes hold real points, peeled after, and the vector keeps exactly the active lanes."""
+        if active is not None and active < loop.extent:
+            width = active if partial_lanes else min(loop.extent, 1 << (active - 1).bit_length())
+            loop = Loop(loop.name, width, loop.kind, loop.body)
+        else:
+            active = loop.extent
         if self.ix.vec is not None:
             raise BackendError(
                 f"vectorized loop {loop.name} is inside vectorized loop {self.ix.vec.name}")
@@ -243,8 +260,12 @@ class _FunctionEmitter:
                         f"vectorized loop {loop.name} binds reduce axis {axis.name} of "
                         f"accumulating block {blk.name}: its lanes would race on {blk.buffer}"
                     )
-        self.ix.enter(loop, LANES)
+        self.ix.enter(loop, LANES, (0, active - 1))
+        if active < loop.extent:
+            self.tail = ir.Constant(ir.VectorType(I1, loop.extent),
+                                    [lane < active for lane in range(loop.extent)])
         self._nodes(loop.body)
+        self.tail = None
         self.ix.leave(loop)
 
     def _alloc(self, node: Alloc) -> None:
@@ -272,14 +293,14 @@ class _FunctionEmitter:
         if cond is False:
             return
         if cond is True:
-            self._store(blk, None)
+            self._store(blk, self.tail)
             return
         self.guarded += 1
         if isinstance(cond.type, ir.VectorType):
-            self._store(blk, cond)
+            self._store(blk, cond if self.tail is None else self.b.and_(cond, self.tail))
         else:
             with self.b.if_then(cond):
-                self._store(blk, None)
+                self._store(blk, self.tail)
         self.guarded -= 1
 
     def _guard(self, blk: Block) -> ir.Value | bool:
@@ -324,16 +345,18 @@ class _FunctionEmitter:
             return
         ptr = self._gep(blk.buffer, addr.scalar)
         ty = ir.VectorType(F32, vec.extent) if vec is not None else F32
+        own = self._memory_mask(blk.buffer, mask)  # the store's and the accumulator's
         if blk.reduce is None:
             value = self._widen(self._value(blk.value, mask), ty)
-        elif mask is None:
+        elif own is None:
             acc = self.b.load(ptr, typ=ty)
             acc.align = 4
-            value = self._accumulate(blk.reduce, acc, blk.value, None)
+            value = self._accumulate(blk.reduce, acc, blk.value, mask)
         else:
             acc = self.b.call(_masked_load(self.b.module, ty),
-                              [ptr, ir.Constant(I32, 4), mask, ir.Constant(ty, None)])
+                              [ptr, ir.Constant(I32, 4), own, ir.Constant(ty, None)])
             value = self._accumulate(blk.reduce, acc, blk.value, mask)
+        mask = own
         if mask is None:
             store = self.b.store(value, ptr)
             store.align = 4
@@ -471,10 +494,20 @@ class _FunctionEmitter:
         phi.add_incoming(y, y_end)
         return phi
 
+    def _memory_mask(self, buffer: str, mask: ir.Value | None) -> ir.Value | None:
+        """The mask an access to `buffer` needs: none for a local tile under the tail mask
+        alone (see _vectorized)."""
+        if mask is not None and mask is self.tail and self.prog.buffer(buffer).scope == Scope.LOCAL:
+            return None
+        return mask
+
     def _load(self, ld: Load, mask: ir.Value | None) -> ir.Value:
         b = self.b
         addr = self.ix.address(ld.buffer, ld.indices)
         vec = self.ix.vec
+        mask = self._memory_mask(ld.buffer, mask)
+        if mask is not None and mask is self.tail and addr.vector is None and addr.stride == 0:
+            mask = None  # every lane reads the one element lane 0, which is active, reads
         vec_ty = ir.VectorType(F32, vec.extent) if vec is not None else None
         if vec_ty is None or (addr.vector is None and addr.stride == 0 and mask is None):
             value = b.load(self._gep(ld.buffer, addr.scalar), typ=F32)
