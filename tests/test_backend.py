@@ -300,15 +300,13 @@ def masked_lanes(text: str, width: int) -> list[int]:
 
 
 def test_full_tiles_of_a_remainder_compile_like_an_exact_split():
-    # 37 = 2 x 16 + 5: the same loop as 48 = 3 x 16 over two steps, then one step of 5 lanes, a
-    # <8 x float> whose load and store are masked to 5 lanes (a <5 x float> would be split
-    # into scalar element moves by LLVM) and no branch.
+    # 37 = 2 x 16 + 5: the same loop as 48 = 3 x 16 over two steps, then one <5 x float> step
+    # (narrower than a register: its exact width).
     exact = plus_one(48, [("Y.i.0", 3, S, "i", 16), ("Y.i.1", 16, V, "i", 1)])
     tail = plus_one(37, [("Y.i.0", 3, S, "i", 16), ("Y.i.1", 16, V, "i", 1)])
     assert full_tile_loop(tail) == full_tile_loop(exact)
     text = str(lower(tail, "", "")[0])
-    assert "<5 x float>" not in text and "if" not in text
-    assert masked_lanes(text, 8) == [5, 5]  # the load of X and the store of Y
+    assert "<5 x float>" in text and "masked" not in text and "if" not in text
     x, out = rand(37), np.empty(37, np.float32)
     run(tail, x, out)
     np.testing.assert_array_equal(out, x + 1.0)
@@ -319,10 +317,32 @@ def test_nested_remainders_peel_down_to_each_piece():
     prog = plus_one(61, [("Y.i.0", 2, S, "i", 48), ("Y.i.1", 3, U, "i", 16),
                          ("Y.i.2", 2, U, "i", 8), ("Y.i.3", 8, V, "i", 1)])
     text = str(lower(prog, "", "")[0])
-    assert masked_lanes(text, 8) == [5, 5]
+    assert "<5 x float>" in text and "masked" not in text
     x, out = rand(61), np.empty(61, np.float32)
     run(prog, x, out)
     np.testing.assert_array_equal(out, x + 1.0)
+
+
+def test_a_tail_of_a_register_or_more_runs_as_a_power_of_two_vector():
+    # conv2d's 56-wide rows in one step of a 64-lane vector: a <64 x float> whose operand loads
+    # are masked to 56 lanes and whose accumulator (C, in memory) is loaded and stored in pieces
+    # of 32, 16 and 8 lanes (exact, so LLVM can keep it in a register); no <56 x float>.
+    comp = matmul(3, 56, 5)
+    sch = Schedule(naive_program(comp))
+    sch.split("C.j", [-1, 64])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.vectorize("C.j.1")
+    text = str(lower(sch.program, "", "", register_lanes=16)[0])
+    assert "<56 x float>" not in text and "masked.store" not in text
+    assert set(masked_lanes(text, 64)) == {56}  # the loads of B
+    for lanes in (32, 16, 8):
+        assert f"load <{lanes} x float>" in text and f"store <{lanes} x float>" in text
+    narrow = str(lower(sch.program, "", "", register_lanes=64)[0])
+    assert "<56 x float>" in narrow and "masked" not in narrow  # a narrower tail keeps its width
+    inputs = random_inputs(comp, seed=1)
+    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
+                         tolerance(comp))
+    assert ok, msg
 
 
 def test_a_register_tile_over_a_tail_stays_in_registers():

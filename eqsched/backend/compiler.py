@@ -38,7 +38,8 @@ def compile_program(prog: Program, options: CompileOptions | None = None) -> Ker
 def _compile(prog: Program, options: CompileOptions) -> Kernel:
     start = time.perf_counter()
     tm = target_machine(options.opt_level, options.target)
-    module, segments = lower(prog, host()["triple"], str(tm.target_data))
+    module, segments = lower(prog, host()["triple"], str(tm.target_data),
+                             options.target.vector_lanes)
     try:
         llvm_module = llvm.parse_assembly(str(module))
         llvm_module.verify()

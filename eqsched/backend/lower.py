@@ -42,7 +42,9 @@ class Segment:
     parallel_extent: int | None = None  # set for a chunk function (ptrs..., lo, hi)
 
 
-def lower(prog: Program, triple: str, data_layout: str) -> tuple[ir.Module, list[Segment]]:
+def lower(prog: Program, triple: str, data_layout: str,
+          register_lanes: int = 16) -> tuple[ir.Module, list[Segment]]:
+    """`register_lanes`: float lanes of the target's vector register (see _vectorized)."""
     module = ir.Module(name=prog.name)
     module.triple = triple
     module.data_layout = data_layout
@@ -52,7 +54,7 @@ def lower(prog: Program, triple: str, data_layout: str) -> tuple[ir.Module, list
     def flush() -> None:
         if run:
             name = f"seg{len(segments)}"
-            _FunctionEmitter(module, prog, name, chunked=False).emit_serial(tuple(run))
+            _FunctionEmitter(module, prog, name, False, register_lanes).emit_serial(tuple(run))
             segments.append(Segment(name))
             run.clear()
 
@@ -60,7 +62,7 @@ def lower(prog: Program, triple: str, data_layout: str) -> tuple[ir.Module, list
         if isinstance(node, Loop) and node.kind == LoopKind.PARALLEL:
             flush()
             name = f"seg{len(segments)}"
-            _FunctionEmitter(module, prog, name, chunked=True).emit_chunk(node)
+            _FunctionEmitter(module, prog, name, True, register_lanes).emit_chunk(node)
             segments.append(Segment(name, node.extent))
         else:
             run.append(node)
@@ -69,8 +71,10 @@ def lower(prog: Program, triple: str, data_layout: str) -> tuple[ir.Module, list
 
 
 class _FunctionEmitter:
-    def __init__(self, module: ir.Module, prog: Program, name: str, chunked: bool):
+    def __init__(self, module: ir.Module, prog: Program, name: str, chunked: bool,
+                 register_lanes: int):
         self.prog = prog
+        self.register_lanes = register_lanes
         params = prog.params
         args = [PTR] * len(params) + ([I64, I64] if chunked else [])
         self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
@@ -90,6 +94,7 @@ class _FunctionEmitter:
         self.guarded = 0  # > 0 while emitting a Select branch: loads there may be out of bounds
         self.unpartitioned = 0  # > 0 inside a tail too big to peel: blocks are guarded instead
         self.tail: ir.Constant | None = None  # the active lanes of a tail vector (_vectorized)
+        self.tail_lanes = 0  # how many
 
     # ---- structure --------------------------------------------------------------------------
 
@@ -139,8 +144,8 @@ class _FunctionEmitter:
         elif loop.kind == LoopKind.VECTOR and full == loop.extent:
             self._vectorized(loop)
         elif loop.kind == LoopKind.VECTOR:
-            # A tail: the lanes that run whole form a masked vector (7 of 8 lanes); a lane that
-            # runs in part (a vector piece with a stride) is peeled.
+            # A tail: the lanes that run whole form a vector (56 of 64 lanes, 7 of 8); a lane
+            # that runs in part (a vector piece with a stride) is peeled.
             if full > 1:
                 self._vectorized(loop, active=full, partial_lanes=reach > full)
             for value in range(0 if full == 1 else full, reach):
@@ -234,16 +239,21 @@ class _FunctionEmitter:
                     partial_lanes: bool = False) -> None:
         """The body once on vectors; a tail runs only its first `active` lanes.
 
-        A tail vector is as wide as the next power of two (at most the loop's lanes) and its
-        memory accesses are masked to the active lanes: LLVM loads and stores a
-        non-power-of-two vector such as <56 x float> element by element (§17.2), where a masked
-        <64 x float> is three plain zmm accesses and one masked one. Arithmetic runs on every
-        lane; only memory sees the mask. A local tile is accessed whole (in its bounds: its
-        extent along the loop is the loop's, and the lanes past `active` are points past the
-        axis, never written back), so it can stay in registers; with `partial_lanes` those
-        lanes hold real points, peeled after, and the vector keeps exactly the active lanes."""
+        A tail of at least a register's lanes is a vector as wide as the next power of two (at
+        most the loop's lanes) whose operand loads and stores are masked to the active lanes:
+        LLVM moves a non-power-of-two vector such as <56 x float> element by element (§17.2),
+        a masked <64 x float> as three plain zmm accesses and one masked one. Arithmetic runs on
+        every lane. An accumulator in memory is loaded and stored in power-of-two pieces
+        (_plain_load), so LLVM can still keep it in a register. A local tile is accessed whole
+        (in its bounds: its extent along the loop is the loop's, and the lanes past `active` are
+        points past the axis, never written back), so it can stay in registers. A narrower tail
+        (7 of 8 lanes) keeps its exact width: its accumulators are rows narrower than a vector,
+        which a wider access would overlap, and LLVM then stores each and reloads the next
+        through memory (§17.2). So does a tail with `partial_lanes`: those lanes hold real
+        points, peeled after."""
         if active is not None and active < loop.extent:
-            width = active if partial_lanes else min(loop.extent, 1 << (active - 1).bit_length())
+            wide = not partial_lanes and active >= self.register_lanes
+            width = min(loop.extent, 1 << (active - 1).bit_length()) if wide else active
             loop = Loop(loop.name, width, loop.kind, loop.body)
         else:
             active = loop.extent
@@ -264,6 +274,7 @@ class _FunctionEmitter:
         if active < loop.extent:
             self.tail = ir.Constant(ir.VectorType(I1, loop.extent),
                                     [lane < active for lane in range(loop.extent)])
+            self.tail_lanes = active
         self._nodes(loop.body)
         self.tail = None
         self.ix.leave(loop)
@@ -348,14 +359,16 @@ class _FunctionEmitter:
         own = self._memory_mask(blk.buffer, mask)  # the store's and the accumulator's
         if blk.reduce is None:
             value = self._widen(self._value(blk.value, mask), ty)
-        elif own is None:
-            acc = self.b.load(ptr, typ=ty)
-            acc.align = 4
+        elif own is None or own is self.tail:
+            acc = self._plain_load(ptr, ty, own is not None)
             value = self._accumulate(blk.reduce, acc, blk.value, mask)
         else:
             acc = self.b.call(_masked_load(self.b.module, ty),
                               [ptr, ir.Constant(I32, 4), own, ir.Constant(ty, None)])
             value = self._accumulate(blk.reduce, acc, blk.value, mask)
+        if own is not None and own is self.tail:
+            self._plain_store(value, ptr)
+            return
         mask = own
         if mask is None:
             store = self.b.store(value, ptr)
@@ -494,6 +507,43 @@ class _FunctionEmitter:
         phi.add_incoming(y, y_end)
         return phi
 
+    def _plain_load(self, ptr: ir.Value, ty: ir.Type, tail: bool) -> ir.Value:
+        """An accumulator's load, in a form LLVM forwards from the last store and promotes to a
+        register. A tail vector's (56 of 64 lanes) loads its lanes in power-of-two pieces (32,
+        16, 8) that _plain_store stores: a masked access reads and writes the whole vector for
+        LLVM's alias analysis, which then sees it overlap the next row's and keeps it in
+        memory."""
+        b = self.b
+        if not tail:
+            value = b.load(ptr, typ=ty)
+            value.align = 4
+            return value
+        value = ir.Constant(ty, ir.Undefined)
+        for start, lanes in self._pieces():
+            piece = b.load(b.gep(ptr, [ir.Constant(I64, start)], source_etype=F32),
+                           typ=ir.VectorType(F32, lanes))
+            piece.align = 4
+            value = _place(b, value, piece, start)
+        return value
+
+    def _plain_store(self, value: ir.Value, ptr: ir.Value) -> None:
+        b = self.b
+        for start, lanes in self._pieces():
+            piece = b.shuffle_vector(value, ir.Constant(value.type, ir.Undefined), ir.Constant(
+                ir.VectorType(I32, lanes), list(range(start, start + lanes))))
+            store = b.store(piece, b.gep(ptr, [ir.Constant(I64, start)], source_etype=F32))
+            store.align = 4
+
+    def _pieces(self) -> list[tuple[int, int]]:
+        """(first lane, lanes) of the power-of-two pieces of a tail vector's active lanes."""
+        active = self.tail_lanes
+        pieces, start = [], 0
+        for bit in reversed(range(active.bit_length())):
+            if active & (1 << bit):
+                pieces.append((start, 1 << bit))
+                start += 1 << bit
+        return pieces
+
     def _memory_mask(self, buffer: str, mask: ir.Value | None) -> ir.Value | None:
         """The mask an access to `buffer` needs: none for a local tile under the tail mask
         alone (see _vectorized)."""
@@ -559,6 +609,16 @@ def _emitted(nodes: tuple[Node, ...]) -> int:
         else:
             total += _emitted(n.body)
     return total
+
+
+def _place(b: ir.IRBuilder, whole: ir.Value, piece: ir.Value, start: int) -> ir.Value:
+    """`whole` with lanes start.. replaced by `piece` (narrower; shufflevector's operands share
+    one type, so the piece is widened first)."""
+    n, k = whole.type.count, piece.type.count
+    wide = b.shuffle_vector(piece, ir.Constant(piece.type, ir.Undefined), ir.Constant(
+        ir.VectorType(I32, n), list(range(k)) + [k] * (n - k)))
+    return b.shuffle_vector(whole, wide, ir.Constant(ir.VectorType(I32, n), [
+        n + lane - start if start <= lane < start + k else lane for lane in range(n)]))
 
 
 def _masked_load(module: ir.Module, ty: ir.VectorType) -> ir.Function:
