@@ -158,6 +158,15 @@ def remainder_tiles(extent: int, lanes: Sequence[int] = VECTOR_LANES) -> tuple[i
                  if t < 2 * extent and extent % t)
 
 
+def pack_factors(extent: int) -> tuple[int, ...]:
+    """The panel widths a packed dimension of this extent may take, ascending: its divisors > 1,
+    and the inner tiles `remainder_tiles` offers its splits, which pad the last panel (the only
+    widths a remainder-split vector loop can read as whole panels: 1000 gets 16..1024 beside its
+    divisors 2..1000, a power of two none)."""
+    return tuple(sorted({f for f in range(2, extent + 1) if extent % f == 0}
+                        | set(remainder_tiles(extent))))
+
+
 def extent_allowed(kind: str, extent: int, lanes: Sequence[int] = VECTOR_LANES) -> bool:
     if kind == LoopKind.VECTOR:
         return extent in lanes
