@@ -314,6 +314,27 @@ def test_nested_remainders_peel_down_to_each_piece():
     np.testing.assert_array_equal(out, x + 1.0)
 
 
+def test_a_padded_pack_copies_whole_panels_then_peels_the_last():
+    # 1000 columns in 63 panels of 16: 62 copied whole, the last 8 columns peeled; the 32-wide
+    # register tile reads the panels with plain vector loads and peels its own 8-lane tail.
+    comp = matmul(6, 1000, 5)
+    sch = Schedule(naive_program(comp))
+    sch.pack("C.update", "B", dim=1, factor=16)
+    sch.split("C.j", [-1, 2, 16])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1", "C.j.2")
+    sch.unroll("C.j.1")
+    sch.vectorize("C.j.2")
+    text = str(lower(sch.program, "", "")[0])
+    assert "masked" not in text and "gather" not in text and "<8 x float>" in text
+    assert re.search(r'add nuw nsw i64 %"B_packed.p0.1", 1\n.*icmp slt i64 %"\.\d+", 62',
+                     text)  # the whole panels' loop
+    assert ".if" not in text  # no block guarded at run time: every tail is peeled
+    inputs = random_inputs(comp, seed=4)
+    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
+                         tolerance(comp))
+    assert ok, msg
+
+
 def test_a_tail_too_big_to_peel_runs_guarded_instead():
     # 700 = 1 x 512 + 188: the tail of Y.i.0 would copy 32 x 16 unrolled blocks (over
     # PEEL_LIMIT), so it runs them as they are, each guarded (here decided block by block).
