@@ -316,7 +316,12 @@ class Schedule:
 
     def pack(self, block: str, buffer: str, dim: int, factor: int) -> str:
         """Copy `buffer` into panels of `factor` along `dim` (a new innermost dimension) before
-        `block`'s nest, and make `block` read the panels. Returns the packed buffer's name."""
+        `block`'s nest, and make `block` read the panels. Returns the packed buffer's name.
+
+        A factor that does not divide the dimension pads it (TVM's pad_einsum, oneDNN's padded
+        blocks): the panels number the ceiling, and the copy's source axis is split with a
+        remainder, so the last panel is copied only as far as the buffer goes. The pad is never
+        written and never read: a reader's own axis guard keeps it inside the buffer's extent."""
         prog = self._program
         blk = self._block(block)
         where = f"pack {buffer} for {block}"
@@ -325,30 +330,45 @@ class Schedule:
         shape = prog.buffer(buffer).shape
         if not 0 <= dim < len(shape):
             raise ScheduleError(f"{where}: dim {dim} is not a dimension of {list(shape)}")
-        if factor <= 0 or shape[dim] % factor:
-            raise ScheduleError(f"{where}: {factor} does not divide dimension {dim} "
-                                f"(extent {shape[dim]})")
+        if isinstance(factor, bool) or not isinstance(factor, int) or factor <= 0:
+            raise ScheduleError(f"{where}: the factor must be a positive integer, not {factor!r}")
+        if factor >= 2 * shape[dim]:
+            raise ScheduleError(f"{where}: a factor of {factor} pads dimension {dim} (extent "
+                                f"{shape[dim]}) to more than twice its extent")
         packed = f"{buffer}_packed"
         if any(b.name == packed for b in prog.buffers):
             raise ScheduleError(f"{where}: {packed} already exists")
         others = [d for d in range(len(shape)) if d != dim]
-        pshape = (shape[dim] // factor,) + tuple(shape[d] for d in others) + (factor,)
-        axes = tuple(Axis(f"p{n}", e) for n, e in enumerate(pshape))
-        p = [a.var for a in axes]
-        source = [p[1 + others.index(d)] if d != dim else p[0] * factor + p[-1]
-                  for d in range(len(shape))]
-        copy_blk = Block(packed, packed, axes,
-                         tuple(Binding(a.name, ((f"{packed}.{a.name}", 1),)) for a in axes),
-                         packed, tuple(p), Load(buffer, tuple(source)))
+        panels = -(-shape[dim] // factor)
+        pshape = (panels,) + tuple(shape[d] for d in others) + (factor,)
+        loops = [f"{packed}.p{n}" for n in range(len(pshape))]
+        if shape[dim] % factor == 0:
+            axes = tuple(Axis(f"p{n}", e) for n, e in enumerate(pshape))
+            p = [a.var for a in axes]
+            source = [p[1 + others.index(d)] if d != dim else p[0] * factor + p[-1]
+                      for d in range(len(shape))]
+            copy_blk = Block(packed, packed, axes,
+                             tuple(Binding(a.name, ((lp, 1),)) for a, lp in zip(axes, loops)),
+                             packed, tuple(p), Load(buffer, tuple(source)))
+        else:
+            # The packed dimension stays one axis `q` of its own extent, split over the panel
+            # loop and the lane loop with a remainder: the copy stops at the buffer's end.
+            q = Axis("q", shape[dim])
+            inner = [Axis(f"p{1 + n}", shape[d]) for n, d in enumerate(others)]
+            binds = ((Binding("q", ((loops[0], factor), (loops[-1], 1))),)
+                     + tuple(Binding(a.name, ((lp, 1),)) for a, lp in zip(inner, loops[1:-1])))
+            source = [inner[others.index(d)].var if d != dim else q.var for d in range(len(shape))]
+            copy_blk = Block(packed, packed, (q, *inner), binds, packed,
+                             (q.var // factor, *(a.var for a in inner), q.var % factor),
+                             Load(buffer, tuple(source)))
         # Packing along an outer dimension transposes: each panel row gathers `factor` elements
         # a whole row of `buffer` apart. Unrolled, those loads issue together instead of one per
         # loop iteration behind the store before it (docs/ARCHITECTURE.md §17.6); packing along
         # the innermost dimension copies contiguous runs and stays a loop.
-        kinds = [LoopKind.SERIAL] * len(axes)
+        kinds = [LoopKind.SERIAL] * len(pshape)
         if dim != len(shape) - 1 and factor <= MAX_UNROLL:
             kinds[-1] = LoopKind.UNROLL
-        copy_nest = nest([(f"{packed}.{a.name}", a.extent, kind) for a, kind in zip(axes, kinds)],
-                         (copy_blk,))
+        copy_nest = nest(list(zip(loops, pshape, kinds)), (copy_blk,))
 
         def repack(e: Expr) -> Expr | None:
             if isinstance(e, Load) and e.buffer == buffer:

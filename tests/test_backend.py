@@ -341,6 +341,27 @@ def test_a_tail_of_a_register_or_more_runs_as_a_power_of_two_vector():
     assert "<56 x float>" in narrow and "masked" not in narrow  # a narrower tail keeps its width
     inputs = random_inputs(comp, seed=1)
     ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
+                          tolerance(comp))
+    assert ok, msg
+
+
+def test_a_padded_pack_copies_whole_panels_then_peels_the_last():
+    # 1000 columns in 63 panels of 16: 62 copied whole, the last 8 columns peeled; the 32-wide
+    # register tile reads the panels with plain vector loads and peels its own 8-lane tail.
+    comp = matmul(6, 1000, 5)
+    sch = Schedule(naive_program(comp))
+    sch.pack("C.update", "B", dim=1, factor=16)
+    sch.split("C.j", [-1, 2, 16])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1", "C.j.2")
+    sch.unroll("C.j.1")
+    sch.vectorize("C.j.2")
+    text = str(lower(sch.program, "", "")[0])
+    assert "masked" not in text and "gather" not in text and "<8 x float>" in text
+    assert re.search(r'add nuw nsw i64 %"B_packed.p0.1", 1\n.*icmp slt i64 %"\.\d+", 62',
+                     text)  # the whole panels' loop
+    assert ".if" not in text  # no block guarded at run time: every tail is peeled
+    inputs = random_inputs(comp, seed=4)
+    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
                          tolerance(comp))
     assert ok, msg
 

@@ -71,6 +71,14 @@ def test_hand_schedule_is_a_cached_packed_tile_with_vector_and_unroll_kinds():
     assert sizes[("C.j", "2/3")] == 16 and sizes[("C.i", "1/2")] == 8
 
 
+def test_a_padded_pack_encodes_its_factor_and_the_dimension_it_packs():
+    sch = Schedule(matmul(8, 20, 4))
+    sch.pack("C.update", "B", dim=1, factor=16)  # 20 columns in 2 panels of 16
+    term, sizes = encode(sch.program)
+    assert term.packs == (PackRef("C.update", "B", 1),) and sizes[pack_symbol("B")] == 16
+    assert symbols(term) == set(sizes)
+
+
 def test_fused_consumer_shares_the_producer_pieces_and_inlined_stages_are_listed():
     naive = naive_program(get_workload("mm_exp_mm").build(8, 6, 12, 10))
     sch = Schedule(naive)

@@ -14,6 +14,7 @@ from eqsched.egraph.term import (
     PieceLoop,
     Term,
     extent_allowed,
+    pack_factors,
     pack_symbol,
     parent_path,
     show,
@@ -66,3 +67,10 @@ def test_egglog_form_uses_only_known_operators():
     ops = {n["op"] for n in nodes if not n["op"].startswith('"') and not n["op"].isdigit()}
     assert ops <= set(SERIALIZED_OPS)
     assert {"Root.packed", "Root.inlined", "cached", "loop", "block"} <= ops
+
+
+def test_pack_factors_are_the_divisors_and_the_padded_vector_tiles():
+    assert pack_factors(16) == (2, 4, 8, 16)  # a power of two is never padded
+    assert pack_factors(12) == (2, 3, 4, 6, 8, 12, 16)
+    assert pack_factors(127) == (8, 16, 32, 64, 127, 128)
+    assert {16, 32, 64}.issubset(pack_factors(1000)) and 48 not in pack_factors(1000)

@@ -79,6 +79,18 @@ def test_missing_or_misshapen_inputs_are_errors():
         run_program(prog, {"A": np.ones((4, 5)), "B": np.ones((4, 4))})
 
 
+def test_a_padded_pack_copies_the_buffer_and_the_reader_never_reaches_the_pad():
+    comp = get_workload("matmul").build(3, 11, 4)
+    sch = Schedule(naive_program(comp))
+    sch.pack("C.update", "B", dim=1, factor=8)  # 2 panels hold 11 columns; the pad stays NaN
+    sch.split("C.j", [-1, 8])
+    inputs = random_inputs(comp, seed=2)
+    out = run_program(sch.program, inputs)["C"]
+    assert not np.isnan(out).any()
+    ok, _, msg = compare({"C": out}, reference(comp, inputs), tolerance(comp))
+    assert ok, msg
+
+
 def test_points_past_a_remainder_do_not_run():
     comp = get_workload("matmul").build(7, 5, 3)
     sch = Schedule(naive_program(comp))

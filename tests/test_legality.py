@@ -68,6 +68,22 @@ def test_accesses_are_affine_in_the_loops_after_split_and_pack():
     assert address_coeff(a, (16, 8), "C.k") == 1 and address_coeff(a, (16, 8), "C.i") == 8
 
 
+def test_a_padded_pack_copies_each_column_once_and_a_wider_panel_loop_is_refused():
+    sch = Schedule(naive("matmul", 4, 13, 3))
+    sch.pack("C.update", "B", dim=1, factor=8)  # 2 panels of 8 hold 13 columns
+    prog = sch.program
+    store, source = accesses(sites(prog)["B_packed"])
+    assert store.indices == (Affine.of({"B_packed.p0": 1}), Affine.of({"B_packed.p1": 1}),
+                             Affine.of({"B_packed.p2": 1}))
+    assert source.indices == (Affine.of({"B_packed.p1": 1}),
+                              Affine.of({"B_packed.p0": 8, "B_packed.p2": 1}))
+    assert store.axis_bounds == ((0, 1), (0, 2), (0, 7))  # columns 0..12 of the axis q
+    # A third panel would be all pad: the copy's panel loop may overshoot by less than a step.
+    wider = prog.replacing_loop("B_packed.p0", (replace(prog.loop("B_packed.p0"), extent=3),))
+    with pytest.raises(ScheduleError, match=r"loops of axis q cover 0..23, not 0..12"):
+        check_program(wider)
+
+
 def test_producers_consumers_and_loop_roles():
     prog = naive("mm_exp_mm", 8, 6, 12, 10)
     assert writers(prog)["C"] == ["C.init", "C.update"]

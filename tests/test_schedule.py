@@ -355,10 +355,39 @@ def test_pack_along_an_outer_dimension_unrolls_the_transposing_copy():
     assert rows.program.loop("B_packed.p2").kind == LoopKind.SERIAL
 
 
-def test_pack_rejects_non_dividing_factors_and_unread_buffers():
+def test_pack_with_a_factor_that_does_not_divide_pads_the_last_panel():
+    comp, sch = build("matmul", 5, 13, 7)
+    sch.pack("C.update", "B", dim=1, factor=8)  # 13 columns in 2 panels of 8: 3 of pad
+    prog = sch.program
+    assert prog.buffer("B_packed").shape == (2, 7, 8)
+    assert str(prog.block("B_packed").value) == "B[p1, q]"
+    assert [str(ix) for ix in prog.block("B_packed").indices] == ["q // 8", "p1", "q % 8"]
+    assert binding_text(prog, "B_packed")["q"] == "B_packed.p0 * 8 + B_packed.p2"
+    assert str(prog.block("C.update").value) == "A[i, k] * B_packed[j // 8, k, j % 8]"
+    assert_computes(prog, comp)
+    # The register tile over the panels leaves a remainder of 5 of its 8 lanes.
+    sch.split("C.j", [-1, 8])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.vectorize("C.j.1")
+    assert_computes(sch.program, comp)
+
+
+def test_a_padded_transposing_pack_of_an_outer_dimension():
+    comp, sch = build("conv2d_nchw", 1, 3, 5, 5, 11, 3, 3, 1, 1)
+    sch.pack("Y.update", "W", dim=0, factor=8)  # W_packed[k // 8, c, r, s, k % 8], 11 of 16
+    prog = sch.program
+    assert prog.buffer("W_packed").shape == (2, 3, 3, 3, 8)
+    assert prog.loop("W_packed.p4").kind == LoopKind.UNROLL
+    assert_computes(prog, comp)
+
+
+def test_pack_rejects_bad_factors_and_unread_buffers():
     _, sch = build("matmul", 16, 24, 8)
-    with pytest.raises(ScheduleError, match=r"5 does not divide dimension 1 \(extent 24\)"):
-        sch.pack("C.update", "B", dim=1, factor=5)
+    with pytest.raises(ScheduleError, match=r"a factor of 48 pads dimension 1 \(extent 24\) to "
+                                            "more than twice"):
+        sch.pack("C.update", "B", dim=1, factor=48)
+    with pytest.raises(ScheduleError, match="the factor must be a positive integer, not 0"):
+        sch.pack("C.update", "B", dim=1, factor=0)
     with pytest.raises(ScheduleError, match="C.init does not read B"):
         sch.pack("C.init", "B", dim=1, factor=8)
 

@@ -185,7 +185,9 @@ def brute_force(sp: Space) -> set:
             if g.startswith("pack:"):
                 dim = next(p.dim for p in packs if pack_symbol(p.buffer)[0] == g)
                 n = sp.naive.buffer(g[5:]).shape[dim]
-                options.append([d for d in range(2, n + 1) if n % d == 0])
+                # divisors, and padded widths: powers of two from a vector up, below 2n
+                options.append([d for d in range(2, 2 * n) if n % d == 0
+                                or (d & (d - 1) == 0 and d >= min(VECTOR_LANES))])
             else:
                 n = sp.facts.extents[g]
                 tiles = [1 << a for a in range(2 * n.bit_length())]
@@ -250,6 +252,22 @@ def test_the_vector_lanes_follow_the_target():
     assert avx2.count_structures() == 4 + 4
     programs = avx2.enumerate()
     assert len(programs) == avx2.count() and as_set(programs) == brute_force(avx2)
+
+
+def test_a_pack_factor_may_pad_the_packed_dimension():
+    # B has 12 columns: its divisors 2, 3, 4, 6, 12, and the padded panels of 8 and 16 (one
+    # vector's width, panels 2 x 8 and 1 x 16 holding the 12 columns and a pad).
+    twelve = naive_program(get_workload("matmul").build(4, 12, 2))
+    sp = hand_space(NAIVE_TERM, UNIONS, twelve)
+    packed = hand_space(PACKED, naive=twelve)
+    assert [s[pack_symbol("B")] for _, s in packed.enumerate()] == [2, 3, 4, 6, 8, 12, 16]
+    programs, brute = sp.enumerate(), brute_force(sp)
+    assert sp.count() == len(programs) == len(brute)
+    assert as_set(programs) == brute
+    for term, sizes in programs:
+        if term.packs:
+            assert sp.contains(term, sizes)
+            realize(term, sizes, twelve)
 
 
 def test_a_piece_vectorized_anywhere_takes_the_vector_constraint():

@@ -20,7 +20,7 @@ from eqsched.backend import BackendError, compile_program
 from eqsched.egraph.derive import DeriveError, realize
 from eqsched.egraph.encode import EncodeError
 from eqsched.egraph.space import build_space
-from eqsched.egraph.term import Sizes, Term, show
+from eqsched.egraph.term import Sizes, Term, pack_symbol, show
 from eqsched.ir import Program, naive_program
 from eqsched.legality import ScheduleError
 from eqsched.reference import compare, random_inputs, reference, tolerance
@@ -96,6 +96,32 @@ def test_sampled_programs_at_prime_sizes_match_the_reference(workload):
     _, failures = check_workload(workload, PRIME_SAMPLES, size=PRIME_SIZES[workload.name])
     assert not failures, f"{len(failures)} of {PRIME_SAMPLES} failed, e.g.\n" + "\n".join(
         failures[:3])
+
+
+PADDED_SAMPLES = 4
+
+
+def padded(term: Term, sizes: Sizes, base: Program) -> bool:
+    """Does the program pack an operand with a factor that does not divide its dimension?"""
+    return any(base.buffer(p.buffer).shape[p.dim] % sizes[pack_symbol(p.buffer)]
+               for p in term.packs)
+
+
+# Prime sizes, and a convolution blocked along 24 output channels (its rows of 7 hold no
+# vector): W's panels of 16 or 32 channels pad it.
+PADDED_SIZES = [("matmul", PRIME_SIZES["matmul"]), ("mm_exp_mm", PRIME_SIZES["mm_exp_mm"]),
+                ("conv2d_nchw", (1, 3, 5, 7, 24, 3, 3, 1, 1))]
+
+
+@pytest.mark.parametrize("name, size", PADDED_SIZES, ids=[name for name, _ in PADDED_SIZES])
+def test_programs_with_a_padded_pack_match_the_reference(name, size):
+    base = naive_program(get_workload(name).build(*size))
+    space = build_space(base, default_rules())
+    drawn = [(t, s) for t, s in space.sample(400, SEED) if padded(t, s, base)][:PADDED_SAMPLES]
+    assert len(drawn) == PADDED_SAMPLES
+    failures = [f"{show(t)} | {sorted(s.items())} | {problem}" for t, s in drawn
+                if (problem := check_program(t, s, base)) is not None]
+    assert not failures, "\n".join(failures[:3])
 
 
 def main(samples: int, names: list[str]) -> int:

@@ -166,7 +166,10 @@ class _Encoder:
         source = copy.value
         if not (isinstance(source, Load) and copy.name == source.buffer + PACKED_SUFFIX):
             raise EncodeError(f"copy nest {copy.name}: not a pack of one buffer")
-        dims = [d for d, ix in enumerate(source.indices) if not isinstance(ix, Var)]
+        # The packed dimension is the one the copy's store does not index plainly: `p0 * 8 + p2`
+        # of an exact pack, the axis `q` that a padded pack stores at [q // 8, .., q % 8].
+        stored = {ix for ix in copy.indices if isinstance(ix, Var)}
+        dims = [d for d, ix in enumerate(source.indices) if ix not in stored]
         readers = [b.name for b in self.prog.blocks()
                    if copy.buffer in {ld.buffer for ld in b.reads()} and b is not copy]
         if len(dims) != 1 or len(readers) != 1:

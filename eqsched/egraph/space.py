@@ -8,8 +8,9 @@ an unroll piece at most 16 iterations (`term.extent_allowed`).
 
 A group's size assignments are the ordered factorizations of its extent down the split tree its
 paths form, plus, at the top split of the whole extent, the splits that leave a remainder (an
-inner tile from `term.remainder_tiles`, the outermost piece its ceiling); a pack factor is any
-divisor > 1 of the packed dimension. Each assignment satisfies
+inner tile from `term.remainder_tiles`, the outermost piece its ceiling); a pack factor is a
+divisor > 1 of the packed dimension or a padded panel width (`term.pack_factors`). Each
+assignment satisfies
 some of the group's *limits* (piece p in vector lanes, piece p unrollable); the assignments that
 satisfy the same ones form a *profile*. A group has few profiles (matmul 1024³: 11, 16 and 3, of
 286, 286 and 11 assignments) while the limit sets programs put on it are many, and a program's
@@ -74,6 +75,7 @@ from .term import (
     Stmt,
     Term,
     extent_allowed,
+    pack_factors,
     parent_path,
     remainder_tiles,
     show,
@@ -562,7 +564,7 @@ class Space:
         if len(dims) != 1:
             raise SpaceError(f"{buffer} is packed along several dimensions {sorted(dims)}")
         extent = self.naive.buffer(buffer).shape[dims.pop()]
-        return [{"": f} for f in range(2, extent + 1) if extent % f == 0]
+        return [{"": f} for f in pack_factors(extent)]
 
     def _split_tree(self, group: str, paths: Iterable[str],
                     complete: bool = False) -> dict[str, list[str]]:

@@ -158,6 +158,16 @@ def remainder_tiles(extent: int, lanes: Sequence[int] = VECTOR_LANES) -> tuple[i
                  if t < 2 * extent and extent % t)
 
 
+def pack_factors(extent: int) -> tuple[int, ...]:
+    """The panel widths a packed dimension of this extent may take, ascending: its divisors > 1,
+    and its `remainder_tiles`, which pad the last panel (`schedule.Schedule.pack`). A reader's
+    panel index `j // f` is affine only when f is a product of j's inner pieces, and a
+    remainder split's inner tile is one of those powers of two: 1000 columns get 16..1024
+    beside the divisors 2..1000, a power of two no padded width."""
+    return tuple(sorted({f for f in range(2, extent + 1) if extent % f == 0}
+                        | set(remainder_tiles(extent))))
+
+
 def extent_allowed(kind: str, extent: int, lanes: Sequence[int] = VECTOR_LANES) -> bool:
     if kind == LoopKind.VECTOR:
         return extent in lanes
