@@ -50,6 +50,7 @@ from .extract import Candidate, CostModel, EvolutionarySearch, cost_model_for
 from .extract.cost import kendall, spearman
 from .extract.learned import LearnedModel
 from .ir import Program, naive_program
+from .machine_model import machine_model
 from .trials import Measurer, Settings, TimingGate, Trial, has_parallel_loops
 from .workloads import get_workload
 
@@ -178,7 +179,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         rules=result.rules, cost_model=model.name, machine=facts,
         versions=facts.get("versions", {}), config=asdict(settings))
     gate = TimingGate()
-    search = _search(space, model, seed, gate, facts["peak_gflops_per_core"])
+    search = _search(space, model, seed, gate, machine_model(options.target).peak_gflops)
     measurer = Measurer(database, wl.name, list(size), naive, settings, result.run_id, gate)
     run = _Exploration(result, model, search, measurer, budget, facts["peak_gflops_per_core"],
                        jobs, say)
@@ -213,13 +214,16 @@ def _saturate(naive: Program, rules: list, limits: Limits | None, lanes: tuple[i
 
 
 def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
-            peak_gflops_per_core: float) -> EvolutionarySearch:
+            calibrated_peak_gflops: float) -> EvolutionarySearch:
     """The run's search: it waits while a candidate is timed. A first-round population predicted
     at half of one core's peak or better needs no more islands (at all cores' peak the threshold
-    went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3)."""
+    went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3). The peak is
+    the target's calibrated one (the machine model, cached on disk), never the one measured in
+    this process: that varies with the load (32 to 169 GFLOPS on one machine), and where it fell
+    decided how many islands ran, so which programs a seed proposed (§17.3)."""
     return EvolutionarySearch(
         space, model, seed=seed, wait_turn=gate.wait_turn,
-        settled_s=space.naive.computation.flops / (0.5 * peak_gflops_per_core * 1e9))
+        settled_s=space.naive.computation.flops / (0.5 * calibrated_peak_gflops * 1e9))
 
 
 def search_beside_measuring(jobs: int, threads: int) -> bool:
