@@ -1,5 +1,9 @@
 """The evolutionary search proposes distinct, unmeasured members of the space, best first."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -116,6 +120,36 @@ def test_proposals_do_not_depend_on_how_egglog_numbers_classes(space):
         return [c.hash for c, _ in search.propose(4)] + [c.hash for c, _ in search.propose(4)]
 
     assert run(space) == run(Space(Renumbered(space.saturation)))
+
+
+# A first round of the search in a fresh interpreter: the space of matmul 16x24x8 (24 takes
+# remainder splits), ranked by the analytic model. Prints the proposals' hashes.
+PROPOSE_IN_A_FRESH_PROCESS = """
+from eqsched.egraph.space import build_space
+from eqsched.extract import EvolutionarySearch, get_cost_model
+from eqsched.ir import naive_program
+from eqsched.rules import default_rules
+from eqsched.workloads import get_workload
+
+space = build_space(naive_program(get_workload("matmul").build(16, 24, 8)), default_rules())
+search = EvolutionarySearch(space, get_cost_model("analytic"), seed=0, population=16,
+                            generations=1, max_generations=1)
+print(" ".join(c.hash for c, _ in search.propose(4)))
+"""
+
+
+def test_proposals_do_not_depend_on_pythons_string_hashing():
+    # Sets of strings iterate in an order that changes from one process to the next
+    # (PYTHONHASHSEED): batch workers and Ray tasks must propose what one process would.
+    def proposals(hash_seed: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", PROPOSE_IN_A_FRESH_PROCESS],
+                              env={**os.environ, "PYTHONHASHSEED": hash_seed},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    first = proposals("1")
+    assert len(first) == 4 and proposals("2") == first
 
 
 def test_mutants_are_members_that_compute_the_right_result(space):
