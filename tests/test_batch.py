@@ -149,12 +149,8 @@ def test_the_cli_reports_a_bad_suite_in_one_line(tmp_path):
         "eqsched: error: bad.toml [[explore]] #1: 'workload' must be a workload name"]
 
 
-def test_ray_runs_the_same_jobs_with_the_same_programs(tmp_path, monkeypatch):
+def test_ray_runs_the_same_jobs_with_the_same_programs(tmp_path):
     ray = pytest.importorskip("ray")
-    # Both executors' worker processes get one string-hash seed: since remainder splits, a
-    # search's proposals depend on it (a known bug, issue 13's note), which is not what this
-    # test is about.
-    monkeypatch.setenv("PYTHONHASHSEED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         by_ray = run_batch(suite(TINY), tmp_path / "ray.db", executor="ray")
