@@ -15,13 +15,14 @@ Until `min_samples` measurements (MIN_SAMPLES = 64 by default: below it a held-o
 too few programs per problem to tell a fit from noise; in the learning curves of
 `eqsched experiment ranking --curves` trees on fewer measurements of a workload ranked its
 held-out programs worse than the prior, docs/ARCHITECTURE.md §17.4) the model predicts exactly
-the prior. From then on, each refit
-first trains on four fifths of the rows (chosen by a hash of each program and the seed) and
-scores the other fifth: the mean over problems of the Spearman correlation of the trees' order
-with the measured order, against the prior's on the same programs. The trees are used only if
-they rank better than the prior, and, when the current run's problem has held-out programs,
-not more than GLOBAL_SLACK worse on it; they are then refitted on all rows. Otherwise the
-prior's predictions stand.
+the prior. From then on, each refit cross-validates: the rows fall into five folds (by a hash of
+each program and the seed), and in turn trees trained on four score the fifth: the mean over
+problems of the Spearman correlation of the trees' order with the measured order, against the
+prior's on the same programs, averaged over the folds (one held-out fifth of a few dozen
+programs let trees that ranked worse through). The trees are used only if they rank better than
+the prior by CHECK_MARGIN, and, where the current run's problem has held-out programs, not more
+than GLOBAL_SLACK worse on it; they are then refitted on all rows. Otherwise the prior's
+predictions stand.
 
 Scores become seconds for plots and the search's settle test: within a problem,
 log(seconds) = a + b * score, with b fitted over all groups and a anchored so that the problem's
@@ -67,7 +68,8 @@ _TINY = 1e-12
 MIN_SAMPLES = 64
 GLOBAL_SLACK = 0.05  # how much worse than the prior the trees may rank the current problem
 RELEVANCE_LEVELS = 16
-VALIDATION_FOLDS = 5  # one fifth of the rows is held out by the check
+VALIDATION_FOLDS = 5  # the check's cross-validation: each fifth held out in turn
+CHECK_MARGIN = 0.02  # how much better than the prior the trees must rank held-out programs
 MIN_GROUP_ROWS = 3  # fewer held-out programs of a problem than this do not rank anything
 TREE_PARAMS = {
     "objective": "lambdarank", "label_gain": list(range(RELEVANCE_LEVELS)),
@@ -241,9 +243,14 @@ def mean_group_spearman(predicted: np.ndarray, measured: np.ndarray,
     return (float(np.mean(values)) if values else None), len(values)
 
 
-def _held_out(key: str, group: str, seed: int) -> bool:
+def _fold(key: str, group: str, seed: int) -> int:
     digest = hashlib.sha256(f"{seed}/{group}/{key}".encode()).digest()
-    return digest[0] % VALIDATION_FOLDS == 0
+    return digest[0] % VALIDATION_FOLDS
+
+
+def _mean_of_known(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
 
 
 @register
@@ -385,21 +392,27 @@ class LearnedModel(CostModel):
         if self.samples < self.min_samples:
             return
         x, y, groups, keys = self._arrays()
-        held = np.array([_held_out(k, g, self.seed) for k, g in zip(keys, groups)])
-        trial = train_trees(x[~held], y[~held], groups[~held], self.seed)
-        if trial is None or not held.any():
-            return
-        score = -trial.predict(x[held])  # lower is faster, as measured log seconds
-        prior = x[held, -1]
-        learned, n = mean_group_spearman(score, y[held], groups[held])
-        prior_rho, _ = mean_group_spearman(prior, y[held], groups[held])
-        mine = np.isin(groups[held], sorted(self._current))
-        learned_now, _ = mean_group_spearman(score[mine], y[held][mine], groups[held][mine])
-        prior_now, _ = mean_group_spearman(prior[mine], y[held][mine], groups[held][mine])
-        self._validation = {"learned": learned, "prior": prior_rho, "groups": n,
-                           "held_out": int(held.sum()), "learned_current": learned_now,
-                           "prior_current": prior_now}
-        if learned is None or learned <= prior_rho:
+        folds = np.array([_fold(k, g, self.seed) for k, g in zip(keys, groups)])
+        mine = np.isin(groups, sorted(self._current))
+        checks = []  # per fold: (learned, prior) over all problems, then over the current run's
+        for fold in range(VALIDATION_FOLDS):
+            held = folds == fold
+            trial = train_trees(x[~held], y[~held], groups[~held], self.seed) \
+                if held.any() else None
+            if trial is None:
+                continue
+            score, prior = -trial.predict(x[held]), x[held, -1]  # lower is faster
+            now = mine[held]
+            checks.append([mean_group_spearman(score, y[held], groups[held])[0],
+                           mean_group_spearman(prior, y[held], groups[held])[0],
+                           mean_group_spearman(score[now], y[held][now], groups[held][now])[0],
+                           mean_group_spearman(prior[now], y[held][now], groups[held][now])[0]])
+        learned, prior_rho, learned_now, prior_now = (_mean_of_known(c) for c in zip(*checks)) \
+            if checks else (None, None, None, None)
+        self._validation = {"learned": learned, "prior": prior_rho, "folds": len(checks),
+                            "groups": len(set(groups.tolist())), "held_out": len(keys),
+                            "learned_current": learned_now, "prior_current": prior_now}
+        if learned is None or prior_rho is None or learned <= prior_rho + CHECK_MARGIN:
             return
         if learned_now is not None and learned_now < prior_now - GLOBAL_SLACK:
             return

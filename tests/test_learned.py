@@ -15,6 +15,7 @@ from eqsched.egraph.space import build_space
 from eqsched.extract.cost import CostModel, CostModelError, get_cost_model, spearman
 from eqsched.extract.features import FEATURE_NAMES, Hardware, features
 from eqsched.extract.learned import (
+    VALIDATION_FOLDS,
     Example,
     LearnedModel,
     group_of,
@@ -83,7 +84,8 @@ def test_predicts_exactly_the_prior_below_min_samples(programs, synthetic_second
     assert model.samples == 19 and not model.fitted and model.validation == {}
     assert np.array_equal(model.predict(programs), want)
     model.update(programs[19:20], synthetic_seconds[19:20])
-    assert model.validation["held_out"] > 0  # from min_samples on, the check runs
+    # From min_samples on, the check runs: every program is held out once, by one of the folds.
+    assert model.validation["held_out"] == 20 and model.validation["folds"] == VALIDATION_FOLDS
 
 
 def test_ranks_held_out_programs_better_than_a_constant_and_the_prior(programs,
