@@ -15,7 +15,10 @@ import importlib.metadata
 import os
 import platform
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llvmlite.binding as llvm
 
@@ -40,19 +43,49 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def cache_sizes() -> dict[str, int]:
-    """Bytes per cache level of core 0, keyed L1d, L1i, L2, L3 (empty if sysfs is unavailable)."""
-    out: dict[str, int] = {}
-    for index in sorted(_CACHE_DIR.glob("index*")):
+@dataclass(frozen=True)
+class CacheLevel:
+    """One cache of core 0 as sysfs describes it; the geometry is None where sysfs omits it."""
+
+    name: str  # L1d, L1i, L2, L3
+    size: int  # bytes
+    shared: bool  # with another CPU (its shared_cpu_list names more than core 0)
+    line_bytes: int | None
+    sets: int | None
+    ways: int | None
+
+
+def cache_levels(directory: Path = _CACHE_DIR) -> list[CacheLevel]:
+    """Core 0's caches from sysfs (`directory` holds its index* folders), in index order; empty
+    if sysfs is unavailable. The one reader of that directory."""
+    out = []
+    for index in sorted(directory.glob("index*")):
         try:
             level = (index / "level").read_text().strip()
             kind = (index / "type").read_text().strip()
-            size = (index / "size").read_text().strip()
-        except OSError:
+            size = _parse_size((index / "size").read_text().strip())
+        except (OSError, ValueError):
             continue
         suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
-        out[f"L{level}{suffix}"] = _parse_size(size)
+        out.append(CacheLevel(f"L{level}{suffix}", size,
+                              _read(index / "shared_cpu_list", str) not in (None, "0", ""),
+                              _read(index / "coherency_line_size", int),
+                              _read(index / "number_of_sets", int),
+                              _read(index / "ways_of_associativity", int)))
     return out
+
+
+def _read(path: Path, parse: Callable[[str], Any]) -> Any:
+    """The file's stripped text parsed by `parse`, or None if it is missing or malformed."""
+    try:
+        return parse(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def cache_sizes() -> dict[str, int]:
+    """Bytes per cache level of core 0, keyed L1d, L1i, L2, L3 (empty if sysfs is unavailable)."""
+    return {level.name: level.size for level in cache_levels()}
 
 
 def _parse_size(text: str) -> int:

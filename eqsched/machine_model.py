@@ -58,7 +58,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from .backend.target import Target, create_target_machine, host
-from .machine import cache_sizes, facts
+from .machine import cache_levels, cache_sizes, facts
 
 CALIBRATION_VERSION = 2  # bump when a kernel or a field changes: older cache files are redone
 LEVELS = ("L1d", "L2", "L3", "DRAM")
@@ -67,7 +67,6 @@ PORTS = ("compute", "loads", "stores")
 FALLBACK_CACHES = {"L1d": 32 << 10, "L1i": 32 << 10, "L2": 512 << 10, "L3": 8 << 20}
 FALLBACK_LINE_BYTES, FALLBACK_L1_WAYS = 64, 8
 STRIDE_BYTES = 4096  # the strided walk's step: a page, past what any prefetcher follows
-_CACHE_ROOT = Path("/sys/devices/system/cpu/cpu0/cache")
 # Sane bounds of each measured figure (reference cycles): outside them a kernel or the clock is off.
 BOUNDS = {"hz": (2e8, 1e10), "issue_width": (1.0, 16.0), "fma_per_cycle": (0.1, 8.0),
           "fma_latency": (1.0, 24.0), "loads_per_cycle": (0.1, 8.0),
@@ -239,33 +238,15 @@ def recalibrate(target: Target | None = None) -> MachineModel:
 
 
 def shared_levels() -> set[str]:
-    """Cache levels core 0 shares with another CPU (sysfs shared_cpu_list), by name: L2, L3."""
-    out = set()
-    for index in sorted(_CACHE_ROOT.glob("index*")):
-        try:
-            level = (index / "level").read_text().strip()
-            kind = (index / "type").read_text().strip()
-            cpus = (index / "shared_cpu_list").read_text().strip()
-        except OSError:
-            continue
-        if cpus not in ("0", "") and kind != "Instruction":
-            out.add(f"L{level}d" if kind == "Data" else f"L{level}")
-    return out
+    """Data cache levels core 0 shares with another CPU (sysfs shared_cpu_list): L2, L3."""
+    return {level.name for level in cache_levels() if level.shared and level.name != "L1i"}
 
 
 def l1_geometry() -> tuple[int, int, int]:
     """Line bytes, sets and ways of core 0's L1 data cache, from sysfs."""
-    for index in sorted(_CACHE_ROOT.glob("index*")):
-        try:
-            if ((index / "level").read_text().strip(), (index / "type").read_text().strip()) \
-                    != ("1", "Data"):
-                continue
-            line = int((index / "coherency_line_size").read_text())
-            ways = int((index / "ways_of_associativity").read_text())
-            sets = int((index / "number_of_sets").read_text())
-            return line, sets, ways
-        except (OSError, ValueError):
-            break
+    for level in cache_levels():
+        if level.name == "L1d" and None not in (level.line_bytes, level.sets, level.ways):
+            return level.line_bytes, level.sets, level.ways
     size = cache_sizes().get("L1d", FALLBACK_CACHES["L1d"])
     return FALLBACK_LINE_BYTES, size // (FALLBACK_LINE_BYTES * FALLBACK_L1_WAYS), \
         FALLBACK_L1_WAYS

@@ -1,9 +1,12 @@
-"""Shared test helpers: `within`, which fails a test that would otherwise hang."""
+"""Shared test helpers: `within`, which fails a test that would otherwise hang, and
+`synthetic_machine`, a machine model of no particular CPU."""
 
 import signal
 from contextlib import contextmanager
 
 import pytest
+
+from eqsched.machine_model import MachineModel
 
 
 @pytest.fixture
@@ -25,3 +28,26 @@ def within():
             signal.signal(signal.SIGALRM, previous)
 
     return limit
+
+
+def synthetic_machine_model() -> MachineModel:
+    """Plausible figures of no particular CPU, so a test's expectations do not follow the machine
+    it runs on: an AVX-512 core (16 lanes, 32 registers) at 3 GHz issuing 2 FMAs and 2 loads a
+    cycle and 1 store, at full and half width; caches of 48 KiB, 1 MiB and 32 MiB; read
+    bandwidths (bytes per cycle) of one core and of its 2 cores together, where L1 and L2 scale
+    with cores and DRAM barely does."""
+    return MachineModel(
+        target="synthetic-avx512", cpu_model="synthetic", vector_lanes=16, vector_registers=32,
+        line_bytes=64, l1_sets=64, l1_ways=12,
+        caches={"L1d": 48 << 10, "L1i": 32 << 10, "L2": 1 << 20, "L3": 32 << 20}, hz=3e9,
+        issue_width=4.0, fma_per_cycle=2.0, fma_per_cycle_half=2.0, fma_latency=4.0,
+        loads_per_cycle=2.0, loads_per_cycle_half=2.0, stores_per_cycle=1.0,
+        stores_per_cycle_half=1.0, bandwidth={"L1d": 128.0, "L2": 48.0, "L3": 16.0, "DRAM": 5.0},
+        bandwidth_all_cores={"L1d": 256.0, "L2": 96.0, "L3": 28.0, "DRAM": 6.0}, cores=2,
+        strided_fill=4.0)
+
+
+@pytest.fixture(scope="session")
+def synthetic_machine() -> MachineModel:
+    """`synthetic_machine_model()`: a test changes what it needs with dataclasses.replace."""
+    return synthetic_machine_model()

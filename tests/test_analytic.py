@@ -1,7 +1,7 @@
 """The analytic cost model: orderings any sane model of a core must get right, on synthetic
-machine models given explicitly (an AVX-512 core with 32 registers, an AVX2 core with 16), that
-its predictions follow the machine model's numbers, and a finite, positive prediction with the
-same named terms for every kind of program the IR allows."""
+machine models given explicitly (the AVX-512 core with 32 registers of tests/conftest.py, and an
+AVX2 core with 16), that its predictions follow the machine model's numbers, and a finite,
+positive prediction with the same named terms for every kind of program the IR allows."""
 
 import dataclasses
 import math
@@ -15,29 +15,26 @@ from eqsched.egraph.space import build_space
 from eqsched.extract.analytic import KEYS, AnalyticModel
 from eqsched.extract.cost import get_cost_model
 from eqsched.ir import naive_program
-from eqsched.machine_model import MachineModel
 from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
 from eqsched.te import Computation, compute, placeholder
 from eqsched.workloads import get_workload, list_workloads
 
-# Plausible figures of no particular CPU: 2 FMAs and 2 loads a cycle, 1 store, caches of 48 KiB,
-# 1 MiB and 32 MiB; L1 and L2 scale with cores, DRAM barely does.
-AVX512 = MachineModel(
-    target="synthetic-avx512", cpu_model="synthetic", vector_lanes=16, vector_registers=32,
-    line_bytes=64, l1_sets=64, l1_ways=12,
-    caches={"L1d": 48 << 10, "L1i": 32 << 10, "L2": 1 << 20, "L3": 32 << 20}, hz=3e9,
-    issue_width=4.0, fma_per_cycle=2.0, fma_per_cycle_half=2.0, fma_latency=4.0,
-    loads_per_cycle=2.0, loads_per_cycle_half=2.0, stores_per_cycle=1.0,
-    stores_per_cycle_half=1.0, bandwidth={"L1d": 128.0, "L2": 48.0, "L3": 16.0, "DRAM": 5.0},
-    bandwidth_all_cores={"L1d": 256.0, "L2": 96.0, "L3": 28.0, "DRAM": 6.0}, cores=2,
-    strided_fill=4.0)
-AVX2 = dataclasses.replace(AVX512, target="synthetic-avx2", vector_lanes=8, vector_registers=16)
+
+@pytest.fixture(scope="module")
+def avx512(synthetic_machine):
+    return synthetic_machine
 
 
 @pytest.fixture(scope="module")
-def model():
-    return AnalyticModel(AVX512)
+def avx2(synthetic_machine):
+    return dataclasses.replace(synthetic_machine, target="synthetic-avx2", vector_lanes=8,
+                               vector_registers=16)
+
+
+@pytest.fixture(scope="module")
+def model(avx512):
+    return AnalyticModel(avx512)
 
 
 def matmul(n=512):
@@ -215,21 +212,21 @@ def test_breakdown_keys_are_stable_and_total_is_the_prediction(model):
         assert terms["total"] == model.predict([prog])[0]
 
 
-def test_predictions_are_deterministic():
+def test_predictions_are_deterministic(avx512):
     naive = matmul(128)
     programs = [naive, register_tiled(naive, 128)]
-    first = AnalyticModel(AVX512).predict(programs)
-    assert np.array_equal(first, AnalyticModel(AVX512).predict(programs))
-    model = AnalyticModel(AVX512)
+    first = AnalyticModel(avx512).predict(programs)
+    assert np.array_equal(first, AnalyticModel(avx512).predict(programs))
+    model = AnalyticModel(avx512)
     model.predict(programs)
     assert np.array_equal(first, model.predict(programs))  # its caches change nothing
 
 
-def test_a_parallel_loop_helps_only_with_several_threads():
+def test_a_parallel_loop_helps_only_with_several_threads(avx512):
     s = Schedule(row_streaming(matmul(256), 256))
     s.parallel("C.i")
     parallel = s.program
-    one, two = AnalyticModel(AVX512, threads=1), AnalyticModel(AVX512, threads=2)
+    one, two = AnalyticModel(avx512, threads=1), AnalyticModel(avx512, threads=2)
     assert one.predict([parallel])[0] == pytest.approx(two.predict([parallel])[0] * 2, rel=0.05)
 
 
@@ -244,20 +241,20 @@ def parallel_stream(n=1 << 24):
     return s.program
 
 
-def test_two_cores_stream_from_dram_only_as_fast_as_its_bandwidth_scales():
+def test_two_cores_stream_from_dram_only_as_fast_as_its_bandwidth_scales(avx512):
     prog = parallel_stream()
-    scaling = dataclasses.replace(AVX512, bandwidth_all_cores={**AVX512.bandwidth_all_cores,
+    scaling = dataclasses.replace(avx512, bandwidth_all_cores={**avx512.bandwidth_all_cores,
                                                                "DRAM": 10.0})
-    one = AnalyticModel(AVX512, threads=1).predict([prog])[0]
-    shared = AnalyticModel(AVX512, threads=2).predict([prog])[0]  # 6 B/cycle on two cores
+    one = AnalyticModel(avx512, threads=1).predict([prog])[0]
+    shared = AnalyticModel(avx512, threads=2).predict([prog])[0]  # 6 B/cycle on two cores
     scaled = AnalyticModel(scaling, threads=2).predict([prog])[0]  # 10 B/cycle on two cores
     assert one / shared < 1.4 < 1.8 < one / scaled
 
 
-def test_its_registered_name_is_the_calibrated_host_and_it_rejects_a_bad_thread_count():
+def test_its_registered_name_is_the_calibrated_host_and_it_rejects_a_bad_thread_count(avx512):
     assert isinstance(get_cost_model("analytic"), AnalyticModel)
     with pytest.raises(ValueError, match="threads"):
-        AnalyticModel(AVX512, threads=0)
+        AnalyticModel(avx512, threads=0)
 
 
 # ---- the machine model decides ----------------------------------------------------------------
@@ -280,41 +277,41 @@ def tile_of_vectors(naive, rows, vectors, lanes, n=512):
     return s.program
 
 
-def test_each_machine_prefers_the_tile_its_registers_hold():
+def test_each_machine_prefers_the_tile_its_registers_hold(avx512, avx2):
     # 8 x 2 vectors of 16 lanes: 16 registers on AVX-512, 32 on AVX2 (spills there);
     # 4 x 2 vectors of 8 lanes: 8 registers on either, but half-width operations on AVX-512.
     naive = matmul()
     wide, narrow = tile_of_vectors(naive, 8, 2, 16), tile_of_vectors(naive, 4, 2, 8)
-    on_avx512 = AnalyticModel(AVX512).predict([wide, narrow])
-    on_avx2 = AnalyticModel(AVX2).predict([wide, narrow])
+    on_avx512 = AnalyticModel(avx512).predict([wide, narrow])
+    on_avx2 = AnalyticModel(avx2).predict([wide, narrow])
     assert on_avx512[0] < on_avx512[1] / 1.5
     assert on_avx2[1] < on_avx2[0] / 1.2
-    assert AnalyticModel(AVX2).breakdown(wide)["spills"] > 0
+    assert AnalyticModel(avx2).breakdown(wide)["spills"] > 0
 
 
-def test_predictions_follow_the_machine_models_clock_and_units():
+def test_predictions_follow_the_machine_models_clock_and_units(avx512):
     naive = matmul(256)
     programs = [tile_of_vectors(naive, 8, 2, 16, 256), row_streaming(naive, 256), naive]
-    base = AnalyticModel(AVX512).predict(programs)
-    fast_clock = AnalyticModel(dataclasses.replace(AVX512, hz=6e9)).predict(programs)
+    base = AnalyticModel(avx512).predict(programs)
+    fast_clock = AnalyticModel(dataclasses.replace(avx512, hz=6e9)).predict(programs)
     np.testing.assert_allclose(fast_clock - 1e-9, (base - 1e-9) / 2, rtol=1e-9)
-    one_fma = dataclasses.replace(AVX512, fma_per_cycle=1.0, fma_per_cycle_half=1.0)
-    tile = AnalyticModel(AVX512).breakdown(programs[0])
+    one_fma = dataclasses.replace(avx512, fma_per_cycle=1.0, fma_per_cycle_half=1.0)
+    tile = AnalyticModel(avx512).breakdown(programs[0])
     assert AnalyticModel(one_fma).breakdown(programs[0])["compute"] == pytest.approx(
         2 * tile["compute"])
     # 16 accumulators hide a latency of 4 at 2 FMAs a cycle, not one of 12.
-    slow = AnalyticModel(dataclasses.replace(AVX512, fma_latency=12.0)).breakdown(programs[0])
+    slow = AnalyticModel(dataclasses.replace(avx512, fma_latency=12.0)).breakdown(programs[0])
     assert slow["latency"] == pytest.approx(3 * tile["latency"])
     assert tile["latency"] <= tile["compute"] < slow["latency"]
 
 
-def test_cache_traffic_follows_the_machines_caches_and_bandwidths():
+def test_cache_traffic_follows_the_machines_caches_and_bandwidths(avx512):
     prog = row_streaming(matmul(1024), 1024)  # B (4 MiB) streams through L2 for every row of C
-    small_l2 = dataclasses.replace(AVX512, caches={**AVX512.caches, "L2": 256 << 10})
-    big_l3 = dataclasses.replace(AVX512, caches={**AVX512.caches, "L3": 1 << 20})
-    base = AnalyticModel(AVX512).breakdown(prog)
+    small_l2 = dataclasses.replace(avx512, caches={**avx512.caches, "L2": 256 << 10})
+    big_l3 = dataclasses.replace(avx512, caches={**avx512.caches, "L3": 1 << 20})
+    base = AnalyticModel(avx512).breakdown(prog)
     assert AnalyticModel(big_l3).breakdown(prog)["dram"] > base["dram"]
     assert AnalyticModel(small_l2).breakdown(prog)["l2_fill"] >= base["l2_fill"]
-    faster_l3 = dataclasses.replace(AVX512, bandwidth={**AVX512.bandwidth, "L3": 32.0})
+    faster_l3 = dataclasses.replace(avx512, bandwidth={**avx512.bandwidth, "L3": 32.0})
     assert AnalyticModel(faster_l3).breakdown(prog)["l2_fill"] == pytest.approx(
         base["l2_fill"] / 2)

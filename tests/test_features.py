@@ -1,9 +1,11 @@
 """Program features: one fixed-length finite vector per program, whose entries say what the
 schedule did (vector lanes, register tile, local accumulator, packing, strides, cache traffic)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
-from test_analytic import AVX2, AVX512
+from conftest import synthetic_machine_model
 from test_schedule import hand_schedule
 
 from eqsched.extract.features import FEATURE_NAMES, Hardware, features
@@ -16,6 +18,8 @@ def matmul(*size: int) -> Schedule:
     return Schedule(naive_program(get_workload("matmul").build(*size)))
 
 
+AVX512 = synthetic_machine_model()
+AVX2 = dataclasses.replace(AVX512, vector_lanes=8, vector_registers=16)
 ON_AVX512 = Hardware.of(AVX512)
 
 

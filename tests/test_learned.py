@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from test_analytic import AVX512
+from conftest import synthetic_machine_model
 
 from eqsched.db import Database, Record
 from eqsched.egraph.derive import derive, realize
@@ -31,6 +31,7 @@ from eqsched.rules import default_rules
 from eqsched.workloads import get_workload
 
 SIZE = (64, 64, 64)
+AVX512 = synthetic_machine_model()
 HARDWARE = Hardware.of(AVX512)
 
 

@@ -26,6 +26,26 @@ def test_cache_sizes_parse_sysfs_units():
     assert all(isinstance(v, int) and v > 0 for v in caches.values())
 
 
+def test_one_reader_gives_each_caches_size_sharing_and_geometry(tmp_path):
+    # A sysfs cache directory as Linux writes it: a private L1d and L1i, an L2 shared by two
+    # CPUs without its geometry, and a folder that is not a cache level.
+    for index, files in enumerate([
+            {"level": "1", "type": "Data", "size": "48K", "shared_cpu_list": "0",
+             "coherency_line_size": "64", "number_of_sets": "64", "ways_of_associativity": "12"},
+            {"level": "1", "type": "Instruction", "size": "32K", "shared_cpu_list": "0"},
+            {"level": "2", "type": "Unified", "size": "2048K", "shared_cpu_list": "0-1"},
+            {"type": "Unified"}]):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, text in files.items():
+            (folder / name).write_text(text + "\n")
+    assert machine.cache_levels(tmp_path) == [
+        machine.CacheLevel("L1d", 48 << 10, False, 64, 64, 12),
+        machine.CacheLevel("L1i", 32 << 10, False, None, None, None),
+        machine.CacheLevel("L2", 2 << 20, True, None, None, None)]
+    assert machine.cache_levels(tmp_path / "absent") == []
+
+
 def test_the_peak_kernel_issues_512_bit_fmas_where_the_cpu_has_them():
     if "+avx512f" not in machine.facts()["llvm_cpu_features"]:
         pytest.skip("no AVX-512 on this CPU")

@@ -17,19 +17,6 @@ def host_model():
     return mm.calibrate(Target.host(), seconds=0.0005, repeats=3)
 
 
-def synthetic(**changes) -> MachineModel:
-    base = MachineModel(
-        target="synthetic", cpu_model="synthetic", vector_lanes=16, vector_registers=32,
-        line_bytes=64, l1_sets=64, l1_ways=8,
-        caches={"L1d": 32 << 10, "L1i": 32 << 10, "L2": 1 << 20, "L3": 16 << 20}, hz=3e9,
-        issue_width=4.0, fma_per_cycle=1.0, fma_per_cycle_half=2.0, fma_latency=4.0,
-        loads_per_cycle=1.0, loads_per_cycle_half=2.0, stores_per_cycle=0.5,
-        stores_per_cycle_half=1.0, bandwidth={"L1d": 64.0, "L2": 32.0, "L3": 16.0, "DRAM": 4.0},
-        bandwidth_all_cores={"L1d": 128.0, "L2": 64.0, "L3": 24.0, "DRAM": 6.0}, cores=2,
-        strided_fill=3.0)
-    return dataclasses.replace(base, **changes)
-
-
 def test_a_tiny_calibration_of_the_host_gives_sane_figures(host_model):
     target = Target.host()
     assert host_model.target == "host"
@@ -60,13 +47,15 @@ def test_an_impossible_figure_is_a_one_line_error(monkeypatch):
         mm.calibrate(Target.host(), seconds=0.0002, repeats=1)
 
 
-def test_the_cache_file_round_trips_and_is_keyed_by_target(tmp_path, monkeypatch):
+def test_the_cache_file_round_trips_and_is_keyed_by_target(tmp_path, monkeypatch,
+                                                            synthetic_machine):
     monkeypatch.setenv("EQSCHED_CACHE_DIR", str(tmp_path))
     host, avx2 = Target.host(), Target.parse("host,-avx512f")
     assert mm.cache_path(host) != mm.cache_path(avx2)
     assert mm.cache_path(avx2).parent == tmp_path and "host_-avx512f" in mm.cache_path(avx2).name
-    stored = {host: synthetic(target="host"), avx2: synthetic(target="host,-avx512f",
-                                                              vector_lanes=8)}
+    stored = {host: dataclasses.replace(synthetic_machine, target="host"),
+              avx2: dataclasses.replace(synthetic_machine, target="host,-avx512f",
+                                        vector_lanes=8)}
     for target, model in stored.items():
         mm.save(model, mm.cache_path(target))
     for target, model in stored.items():
@@ -74,17 +63,22 @@ def test_the_cache_file_round_trips_and_is_keyed_by_target(tmp_path, monkeypatch
     assert json.loads(mm.cache_path(host).read_text())["version"] == mm.CALIBRATION_VERSION
 
 
-def test_the_cache_honors_xdg_and_refuses_another_version(tmp_path, monkeypatch):
+def test_the_cache_honors_xdg_and_refuses_another_version(tmp_path, monkeypatch,
+                                                           synthetic_machine):
     monkeypatch.delenv("EQSCHED_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert mm.cache_path(Target.host()).parent == tmp_path / "eqsched"
-    old = {**synthetic().to_json(), "version": mm.CALIBRATION_VERSION - 1}
+    old = {**synthetic_machine.to_json(), "version": mm.CALIBRATION_VERSION - 1}
     with pytest.raises(ValueError, match="version"):
         MachineModel.from_json(old)
 
 
-def test_half_vectors_issue_at_the_half_width_rate_and_wider_ones_take_whole_vectors():
-    model = synthetic()  # units half as wide as the registers, like a double-pumped core
+def test_half_vectors_issue_at_the_half_width_rate_and_wider_ones_take_whole_vectors(
+        synthetic_machine):
+    # Units half as wide as the registers, like a double-pumped core: half vectors issue twice
+    # as fast as whole ones.
+    model = dataclasses.replace(synthetic_machine, fma_per_cycle=1.0, fma_per_cycle_half=2.0,
+                                stores_per_cycle=0.5, stores_per_cycle_half=1.0)
     assert model.op_cycles("compute", 16) == 1.0
     assert model.op_cycles("compute", 8) == model.op_cycles("compute", 1) == 0.5
     assert model.op_cycles("compute", 32) == 2.0
@@ -92,10 +86,10 @@ def test_half_vectors_issue_at_the_half_width_rate_and_wider_ones_take_whole_vec
     assert model.instructions(8) == 1 and model.instructions(48) == 3
 
 
-def test_cores_share_a_level_as_calibrated():
-    model = synthetic()
-    assert model.fill_cycles("DRAM") == 64 / 4.0
+def test_cores_share_a_level_as_calibrated(synthetic_machine):
+    model = synthetic_machine  # lines of 64 bytes; DRAM 5 B/cycle alone, 6 on both cores
+    assert model.fill_cycles("DRAM") == 64 / 5.0
     assert model.fill_cycles("DRAM", threads=2) == 64 / 3.0  # 6 B/cycle between two cores
-    assert model.fill_cycles("L2", threads=2) == 64 / 32.0  # private: each core its own
+    assert model.fill_cycles("L2", threads=2) == 64 / 48.0  # private: each core its own
     assert model.fill_cycles("DRAM", threads=8) == 64 / 3.0  # past the calibrated cores: as at 2
-    assert model.peak_gflops == pytest.approx(1.0 * 16 * 2 * 3.0)
+    assert model.peak_gflops == pytest.approx(2.0 * 16 * 2 * 3.0)

@@ -99,7 +99,7 @@ def space() -> Space:
 
 def brute_force(sp: Space) -> set:
     """Every (Term, Sizes) by trying all node choices and all assignments of divisors (of the
-    extent, of powers of two, and ceilings of the extent by them)."""
+    extent, of powers of two below twice the extent, and ceilings of the extent by them)."""
     data = sp.saturation.serialized()
     nodes, members = data["nodes"], {}
     for nid, n in nodes.items():
@@ -189,8 +189,10 @@ def brute_force(sp: Space) -> set:
                 options.append([d for d in range(2, 2 * n) if n % d == 0
                                 or (d & (d - 1) == 0 and d >= min(VECTOR_LANES))])
             else:
+                # Powers of two from 2n on are left out: `fits` takes no tile of 2n or more, and
+                # every piece is at most its top-level piece, so no valid size reaches 2n.
                 n = sp.facts.extents[g]
-                tiles = [1 << a for a in range(2 * n.bit_length())]
+                tiles = [1 << a for a in range(n.bit_length() + 1) if 1 << a < 2 * n]
                 options.append(sorted({d for d in range(1, n + 1) if n % d == 0}
                                       | {d for t in tiles for d in range(1, t + 1) if t % d == 0}
                                       | {-(-n // t) for t in tiles}))

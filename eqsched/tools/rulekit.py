@@ -18,6 +18,14 @@ is compiled for one target (the host by default), whose vector lanes the spaces 
     check = check_rule(RULES["vectorize"], workloads=["matmul"], programs=4)
     check.sound, check.failures[:1], check.effect
 
+`check_space` checks a whole space the same way, without a rule to blame: programs drawn
+uniformly from a workload's default space are derived into manual traces (`realize`, legality
+checked), compiled in this process and compared with numpy; a failure names the term, its sizes
+and the problem. `check_spaces` prints its table for several workloads (the suite's soundness
+test and bench/space_soundness.py call these two).
+
+    check_space("matmul", (11, 13, 7), samples=20).failures
+
 See docs/ARCHITECTURE.md §15 Extending eqsched.
 """
 
@@ -25,10 +33,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +259,82 @@ def check_rule(rule: Any, workloads: list[str] | None = None, programs: int = 6,
         check.measured = _best_gflops(rule, trials, measure_size, target)
     check.seconds = time.perf_counter() - started
     return check
+
+
+@dataclass
+class SpaceCheck:
+    workload: str
+    size: tuple[int, ...]
+    programs: int  # in the space
+    sampled: int
+    remainders: int  # sampled programs with a split that leaves a remainder
+    failures: list[str]  # 'term | sizes | problem'
+    seconds: float
+
+
+def check_space(workload: str, size: tuple[int, ...] | None = None, samples: int = 20,
+                seed: int = 0, where: Callable[[Any, Any, Program], bool] | None = None,
+                draws: int | None = None) -> SpaceCheck:
+    """Execute `samples` programs drawn uniformly from `workload`'s default space at `size` (its
+    small size by default) and compare each with numpy; see the module docstring. `where(term,
+    sizes, naive)` keeps only the programs it accepts, the first `samples` of `draws` draws
+    (`sampled` says how many were found)."""
+    from ..backend import BackendError, compile_program
+    from ..egraph.derive import DeriveError, realize
+    from ..egraph.encode import EncodeError
+    from ..egraph.space import build_space
+    from ..reference import compare, random_inputs, reference, tolerance
+    from ..rules import default_rules
+    from ..schedule import ScheduleError
+
+    started = time.perf_counter()
+    size = tuple(size or get_workload(workload).small_size)
+    base = naive_program(get_workload(workload).build(*size))
+    space = build_space(base, default_rules())
+    inputs = random_inputs(base.computation, seed=1)
+    want = reference(base.computation, inputs)
+    drawn = space.sample(draws or samples, seed)
+    if where is not None:
+        drawn = [(term, sizes) for term, sizes in drawn if where(term, sizes, base)][:samples]
+    remainders, failures = 0, []
+    for term, sizes in drawn:
+        try:
+            prog = realize(term, sizes, base)
+            remainders += _has_remainder(prog)
+            ok, _, message = compare(compile_program(prog).run(inputs), want,
+                                     tolerance(base.computation))
+            problem = None if ok else f"wrong result: {message}"
+        except (DeriveError, EncodeError, ScheduleError, BackendError) as e:
+            problem = f"{type(e).__name__}: {e}"
+        if problem is not None:
+            failures.append(f"{show(term)} | {sorted(sizes.items())} | {problem}")
+    return SpaceCheck(workload, size, space.count(), len(drawn), remainders, failures,
+                      time.perf_counter() - started)
+
+
+def _has_remainder(prog: Program) -> bool:
+    """Do some block's loops over one axis cover more than its extent?"""
+    extents = {lp.name: lp.extent for lp in prog.loops()}
+    return any(math.prod(extents[lp] for lp, _ in b.terms) > blk.axis(b.axis).extent
+               for blk in prog.blocks() for b in blk.bindings)
+
+
+def check_spaces(sizes: dict[str, tuple[int, ...] | None], samples: int, seed: int = 0,
+                 write: Callable[[str], None] = print) -> int:
+    """`check_space` for each workload at its size (None: the small one), a table row written
+    as each finishes and a FAIL line per failure; returns the number of failures."""
+    write(f"{'workload':<18} {'size':<24} {'programs':>10} {'sampled':>8} {'remainder':>9} "
+          f"{'failed':>7} {'seconds':>8}")
+    failed = 0
+    for workload, size in sizes.items():
+        check = check_space(workload, size, samples, seed)
+        write(f"{workload:<18} {','.join(map(str, check.size)):<24} {check.programs:>10.3g} "
+              f"{samples:>8} {check.remainders:>9} {len(check.failures):>7} "
+              f"{check.seconds:>8.1f}")
+        for line in check.failures:
+            write(f"  FAIL {line}")
+        failed += len(check.failures)
+    return failed
 
 
 # ---- command line -----------------------------------------------------------------------------
