@@ -107,7 +107,7 @@ def test_a_batch_runs_every_job_and_a_rerun_takes_them_from_the_database(tmp_pat
 
 
 def test_ctrl_c_stops_the_batch_and_a_rerun_resumes_without_remeasuring(tmp_path):
-    longer = TINY.replace("trials = 2", "trials = 12").replace("batch = 2", "batch = 3")
+    longer = TINY.replace("trials = 2", "trials = 8").replace("batch = 2", "batch = 3")
     (tmp_path / "s.toml").write_text(
         longer.replace('[[16, 16, 16], "small"]', "[[32, 32, 32], [48, 32, 16]]"))
     cmd = [sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2", "--db", "b.db"]
@@ -133,11 +133,11 @@ def test_ctrl_c_stops_the_batch_and_a_rerun_resumes_without_remeasuring(tmp_path
         runs = d.runs()
         resumed = [r for r in runs if r["id"] > max(r["id"] for r in runs) - 2]
         assert [r["status"] for r in resumed] == ["done", "done"]
-        assert all(r["summary"]["trials"] == 12 for r in resumed)
+        assert all(r["summary"]["trials"] == 8 for r in resumed)
         # What the resumed runs measured is exactly what was not stored before the interrupt.
         new = [r for r in d.records() if r.run_id in {x["id"] for x in resumed}
                and r.structure != "naive"]
-        assert sum(r["summary"]["measured"] for r in resumed) == len(new) < 24
+        assert sum(r["summary"]["measured"] for r in resumed) == len(new) < 16
 
 
 def test_the_cli_reports_a_bad_suite_in_one_line(tmp_path):
