@@ -8,8 +8,8 @@ machine, measured by a short calibration and cached on disk.
 
 What follows from the target and the OS is read: float32 lanes and vector registers from the
 target's features (AVX-512: 16 lanes, 32 registers; AVX2: 8 and 16), cache sizes, line size and
-the L1's sets and ways from sysfs. The rest is measured by micro-kernels written in LLVM IR and
-compiled by the backend's LLVM for the target:
+the L1's and L2's sets and ways from sysfs. The rest is measured by micro-kernels written in LLVM
+IR and compiled by the backend's LLVM for the target:
 
     hz                a chain of dependent integer adds (one cycle each on every x86 core)
     issue_width       independent integer adds per cycle
@@ -60,7 +60,7 @@ import numpy as np
 from .backend.target import Target, create_target_machine, host
 from .machine import cache_levels, cache_sizes, facts
 
-CALIBRATION_VERSION = 2  # bump when a kernel or a field changes: older cache files are redone
+CALIBRATION_VERSION = 3  # bump when a kernel or a field changes: older cache files are redone
 LEVELS = ("L1d", "L2", "L3", "DRAM")
 PORTS = ("compute", "loads", "stores")
 # Used only where sysfs says nothing: the smallest caches of a current x86 core.
@@ -110,6 +110,8 @@ class MachineModel:
     cores: int
     strided_fill: float
     calibration_seconds: float = 0.0
+    l2_sets: int = 0  # 0: unknown (no set conflicts are modelled in the L2)
+    l2_ways: int = 0
 
     @property
     def peak_gflops(self) -> float:
@@ -156,7 +158,8 @@ class MachineModel:
         ghz = self.hz / 1e9
         out = [f"target: {self.target} ({self.cpu_model})",
                f"vectors: {self.vector_lanes} float32 lanes, {self.vector_registers} registers; "
-               f"line {self.line_bytes} B, L1d {self.l1_sets} sets x {self.l1_ways} ways",
+               f"line {self.line_bytes} B, L1d {self.l1_sets} sets x {self.l1_ways} ways, "
+               f"L2 {self.l2_sets} sets x {self.l2_ways} ways",
                f"reference clock: {ghz:.2f} GHz; issue width {self.issue_width:.2f} per cycle",
                f"FMA: {self.fma_per_cycle:.2f} per cycle ({self.fma_per_cycle_half:.2f} at half "
                f"width), latency {self.fma_latency:.2f} cycles; peak {self.peak_gflops:.1f} "
@@ -240,6 +243,15 @@ def recalibrate(target: Target | None = None) -> MachineModel:
 def shared_levels() -> set[str]:
     """Data cache levels core 0 shares with another CPU (sysfs shared_cpu_list): L2, L3."""
     return {level.name for level in cache_levels() if level.shared and level.name != "L1i"}
+
+
+def l2_geometry() -> tuple[int, int]:
+    """Sets and ways of core 0's L2, from sysfs; (0, 0) where sysfs omits them (no set
+    conflicts are modelled there then)."""
+    for level in cache_levels():
+        if level.name == "L2" and None not in (level.sets, level.ways):
+            return level.sets, level.ways
+    return 0, 0
 
 
 def l1_geometry() -> tuple[int, int, int]:
@@ -471,6 +483,7 @@ def calibrate(target: Target | None = None, *, seconds: float = 0.002,
             from None
     caches = {**FALLBACK_CACHES, **cache_sizes()}
     line, sets, ways = l1_geometry()
+    l2_sets, l2_ways = l2_geometry()
     io = (ctypes.c_float * 2)(0.999999, 1e-3)
     scratch = _Buffer(_VECTOR_OPS * 64)
 
@@ -512,7 +525,8 @@ def calibrate(target: Target | None = None, *, seconds: float = 0.002,
         vector_lanes=target.vector_lanes, vector_registers=target.vector_registers,
         line_bytes=line, l1_sets=sets, l1_ways=ways, caches=caches, hz=hz, **figures,
         bandwidth=bandwidth, bandwidth_all_cores=all_cores, cores=streams.cores,
-        strided_fill=strided, calibration_seconds=round(time.perf_counter() - began, 2))
+        strided_fill=strided, calibration_seconds=round(time.perf_counter() - began, 2),
+        l2_sets=l2_sets, l2_ways=l2_ways)
 
 
 class _Streams:

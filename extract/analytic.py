@@ -44,8 +44,10 @@ whose body's footprint (distinct lines per buffer, from index strides and extent
 level; the loop just outside it reuses lines between consecutive iterations, loops further out
 bring everything again. A working set up to twice a level's share is blended between the two
 cases (LRU keeps part of it); a program whose whole footprint fits a level stays warm between
-calls. Lines at a power-of-two stride crowd into few L1 sets (the L1's sets and ways are the
-machine's); lines fetched a part at a time, STRIDED_BYTES or more apart (a column walk), cost the
+calls. Lines at a power-of-two stride crowd into few L1 and L2 sets (the sets and ways are the
+machine's): a panel of 2048 rows 4 KiB apart, 256 B each, fills 64 of 1,024 L2 sets, holds 320
+of its rows and comes from the L3 again on every pass (mm_exp_mm's unpacked B: 6 GFLOPS, 35
+packed). Lines fetched a part at a time, STRIDED_BYTES or more apart (a column walk), cost the
 machine's measured `strided_fill` times more: no prefetcher follows them. A parallel root loop
 divides its nest among `threads` cores, which share each level's bandwidth as calibrated.
 
@@ -92,6 +94,10 @@ PARALLEL_CALL_SECONDS = 5e-6  # the backend's thread pool hands out a parallel l
 # from, and the share of the level a working set may fill before conflicts and other data evict
 # it.
 FILLS = {"l1_fill": ("L1d", "L2"), "l2_fill": ("L2", "L3"), "dram": ("L3", "DRAM")}
+# Per fill term: which lines count against the level's capacity: those crowded into few sets by
+# a power-of-two stride (as the share of ways they fill) in the set-associative L1 and L2, plain
+# lines in the L3 (hashed across slices).
+PRESSURE = {"l1_fill": "l1_pressure", "l2_fill": "l2_pressure", "dram": "lines"}
 CACHE_SHARE = {"l1_fill": 0.75, "l2_fill": 0.75, "dram": 0.5}
 # ALU ops per evaluation; exp/log/tanh are the backend's straight-line vector math.
 OP_COST = {"+": 1, "-": 1, "*": 1, "/": 5, "max": 2, "min": 2}
@@ -118,6 +124,7 @@ class _Footprint:
     access: _Access
     lines: tuple[float, ...]
     l1_pressure: tuple[float, ...]
+    l2_pressure: tuple[float, ...]
     strided: bool  # fetched a part of a line at a time, far apart: no prefetcher follows
 
 
@@ -155,7 +162,7 @@ class AnalyticModel(CostModel):
         in_registers = _register_tiles(prog, sites)
         profiles = {name: self._profile(prog, blk, loops, in_registers)
                     for name, (blk, loops) in sites.items()}
-        footprints = {l1: _footprints(sites, profiles, l1) for l1 in (True, False)}
+        footprints = {kind: _footprints(sites, profiles, kind) for kind in PRESSURE.values()}
         machine = self.machine
         for root in prog.body:
             share = self._share(root)
@@ -166,7 +173,7 @@ class AnalyticModel(CostModel):
                 terms = dict(profile.cycles)
                 for key, (level, source) in FILLS.items():
                     capacity = machine.caches[level] * CACHE_SHARE[key] / machine.line_bytes
-                    footprint = footprints[key == "l1_fill"]
+                    footprint = footprints[PRESSURE[key]]
                     terms[key] = machine.fill_cycles(source, streaming) * sum(
                         _traffic(fp, loops, footprint, capacity, machine.strided_fill)
                         for fp in profile.footprints)
@@ -503,15 +510,20 @@ class _BlockCoster:
         # Only depths where the access gains a loop change its lines.
         lines = [1.0] * (len(self.loops) + 1)
         pressure = [1.0] * (len(self.loops) + 1)
+        l2_pressure = [1.0] * (len(self.loops) + 1)
+        machine = self.machine
         terms: list[tuple[int, int]] = []
         strides = dict(access.strides)
         for d in range(len(self.loops) - 1, -1, -1):
             if d in strides:
                 terms.append((abs(strides[d]), self.loops[d].extent))
                 lines[d], pressure[d] = _lines_touched(terms, self.line_elems,
-                                                       self.machine.l1_sets, self.machine.l1_ways)
+                                                       machine.l1_sets, machine.l1_ways)
+                l2_pressure[d] = _lines_touched(terms, self.line_elems, machine.l2_sets,
+                                                machine.l2_ways)[1] if machine.l2_sets else lines[d]
             else:
                 lines[d], pressure[d] = lines[d + 1], pressure[d + 1]
+                l2_pressure[d] = l2_pressure[d + 1]
         serial = [d for d in strides if _is_serial(self.loops[d])]
         strided = False
         if serial and abs(strides[max(serial)]) * 4 >= STRIDED_BYTES:
@@ -519,7 +531,7 @@ class _BlockCoster:
             run = 1 + sum(abs(c) * (self.loops[d].extent - 1) for d, c in strides.items()
                           if d > max(serial) and abs(c) <= self.line_elems)
             strided = run < self.line_elems
-        return _Footprint(access, tuple(lines), tuple(pressure), strided)
+        return _Footprint(access, tuple(lines), tuple(pressure), tuple(l2_pressure), strided)
 
 
 def _loads(e: Expr) -> list[Load]:
@@ -532,14 +544,14 @@ def _loads(e: Expr) -> list[Load]:
     return []
 
 
-def _lines_touched(terms: list[tuple[int, int]], line_elems: int, l1_sets: int,
-                   l1_ways: int) -> tuple[float, float]:
+def _lines_touched(terms: list[tuple[int, int]], line_elems: int, sets_of_cache: int,
+                   ways: int) -> tuple[float, float]:
     """Distinct cache lines an access touches while loops with (flat stride, extent) run, and
-    their L1 pressure.
+    their pressure on a cache of `sets_of_cache` sets and `ways` ways.
 
     Strides up to a line (or within the contiguous run so far) extend one contiguous run;
     larger strides repeat the run; equal or overlapping large strides (conv's `p + ry`) merge.
-    Repeats at a power-of-two stride land in few L1 sets; beyond its ways they count as if
+    Repeats at a power-of-two stride land in few sets; beyond its ways they count as if
     every set were that full.
     """
     run = 1
@@ -560,10 +572,10 @@ def _lines_touched(terms: list[tuple[int, int]], line_elems: int, l1_sets: int,
         return lines, lines
     sets = math.ceil(per_run)
     for stride, count in copies:  # repeats a multiple of 4 KiB apart share their sets
-        sets *= min(count, l1_sets // math.gcd(stride // line_elems, l1_sets)) \
+        sets *= min(count, sets_of_cache // math.gcd(stride // line_elems, sets_of_cache)) \
             if stride % line_elems == 0 else count
-    sets = min(l1_sets, sets)
-    return lines, lines * l1_sets / sets if lines / sets > l1_ways else lines
+    sets = min(sets_of_cache, sets)
+    return lines, lines * sets_of_cache / sets if lines / sets > ways else lines
 
 
 def _soft_max(terms: list[float]) -> float:
@@ -573,13 +585,14 @@ def _soft_max(terms: list[float]) -> float:
 # ---- caches ---------------------------------------------------------------------------------
 
 
-def _footprints(sites: dict, profiles: dict, l1: bool) -> dict[str, float]:
-    """Lines touched by one run of each loop (per buffer, the largest of its accesses; L1
-    pressure when `l1`), and by the whole program (key "")."""
+def _footprints(sites: dict, profiles: dict, kind: str) -> dict[str, float]:
+    """Lines touched by one run of each loop (per buffer, the largest of its accesses; `kind`
+    is a _Footprint field: lines, l1_pressure or l2_pressure), and by the whole program (key
+    "")."""
     per_buffer: dict[tuple[str, str], float] = defaultdict(float)
     for name, (_, loops) in sites.items():
         for fp in profiles[name].footprints:
-            lines = fp.l1_pressure if l1 else fp.lines
+            lines = getattr(fp, kind)
             for d, lp in enumerate(loops):
                 key = (lp.name, fp.access.buffer)
                 per_buffer[key] = max(per_buffer[key], lines[d])

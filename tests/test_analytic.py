@@ -315,3 +315,37 @@ def test_cache_traffic_follows_the_machines_caches_and_bandwidths(avx512):
     faster_l3 = dataclasses.replace(avx512, bandwidth={**avx512.bandwidth, "L3": 32.0})
     assert AnalyticModel(faster_l3).breakdown(prog)["l2_fill"] == pytest.approx(
         base["l2_fill"] / 2)
+
+
+def row_tile(m, n, k, pack=False):
+    """mm_exp_mm's first matmul as one search found it: a 1x64 register tile (k unrolled 8)
+    that walks the whole k of B for every row of C; B unpacked, its rows n floats apart."""
+    s = Schedule(naive_program(get_workload("matmul").build(m, n, k)))
+    s.split("C.j", [n // 64, 4, 1, 16])
+    s.split("C.k", [k // 8, 8])
+    s.reorder("C.j.0", "C.i", "C.k.0", "C.j.1", "C.k.1", "C.j.2", "C.j.3")
+    s.fuse("C.init", at="C.i")
+    for loop in ("C.init.j.1", "C.j.1", "C.k.1", "C.j.2"):
+        s.unroll(loop)
+    s.vectorize("C.j.3")
+    if pack:
+        s.pack("C.update", "B", dim=1, factor=64)
+    return s.program
+
+
+def test_a_panel_at_a_power_of_two_stride_misses_the_l2_its_size_would_fit(avx512):
+    # B's 64-wide panel is 2048 rows of 256 B: 512 KiB fits a 1 MiB L2, but rows 4 KiB apart
+    # fill 64 of its 1024 sets and only 16 ways: measured 6 GFLOPS unpacked, 35 packed.
+    with_sets = AnalyticModel(dataclasses.replace(avx512, l2_sets=1024, l2_ways=16))
+    without = AnalyticModel(avx512)
+    unpacked, packed = row_tile(64, 1024, 2048), row_tile(64, 1024, 2048, pack=True)
+    odd_stride = row_tile(64, 1088, 2048)  # rows 4352 B apart spread over every set
+    assert without.breakdown(unpacked)["l2_fill"] < 2 * without.breakdown(packed)["l2_fill"]
+    assert with_sets.breakdown(unpacked)["l2_fill"] > 10 * with_sets.breakdown(packed)["l2_fill"]
+    # Blind to the sets the model ranked the unpacked program first, as the search did.
+    assert without.predict([unpacked]) < without.predict([packed])
+    assert with_sets.predict([unpacked]) > 2 * with_sets.predict([packed])
+    assert with_sets.breakdown(odd_stride)["l2_fill"] == without.breakdown(odd_stride)["l2_fill"]
+    # The pack's own copy walks B's columns 4 KiB apart: a little more, no more.
+    assert with_sets.breakdown(packed)["l2_fill"] == pytest.approx(
+        without.breakdown(packed)["l2_fill"], rel=0.05)
