@@ -132,14 +132,23 @@ def best_program(workload: str, size: tuple[int, ...], trials: int, seed: int, t
     return result
 
 
-def kernel_run(program, inputs: dict, threads: int, target: str) -> Callable[[], None]:
-    import numpy as np
+def aligned_inputs(comp) -> dict:
+    """`random_inputs(comp, 0)` on 64-byte boundaries, as the explore's worker hands them to a
+    kernel (`runner.kernel_inputs`): a winner timed here on rows the allocator put 16 bytes past
+    a cache line ran 2x slower on AVX2 than it had in the exploration (docs/ARCHITECTURE.md §11).
+    numpy and onnxruntime get the same arrays."""
+    from eqsched.backend import aligned_copy
+    from eqsched.reference import random_inputs
 
-    from eqsched.backend import CompileOptions, Target, compile_program
+    return {name: aligned_copy(array) for name, array in random_inputs(comp, 0).items()}
+
+
+def kernel_run(program, inputs: dict, threads: int, target: str) -> Callable[[], None]:
+    from eqsched.backend import CompileOptions, Target, aligned_empty, compile_program
 
     kernel = compile_program(program, CompileOptions(threads=threads, target=Target.parse(target)))
     arrays = [inputs[b.name] for b in program.inputs]
-    outputs = {b.name: np.empty(b.shape, np.float32) for b in program.outputs}
+    outputs = {b.name: aligned_empty(b.shape) for b in program.outputs}
     arrays += list(outputs.values())
 
     def run() -> None:
@@ -161,7 +170,6 @@ def check(label: str, comp, got: dict, want: dict) -> None:
 
 
 def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: int) -> list:
-    from eqsched.reference import random_inputs
     from eqsched.workloads import get_workload
 
     rows = []
@@ -174,7 +182,7 @@ def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: 
             continue
         wl = get_workload(workload)
         comp = wl.build(*size)
-        inputs = random_inputs(comp, 0)
+        inputs = aligned_inputs(comp)
         ours = kernel_run(result.best_program, inputs, 1, target)
         numpy_run = wl.numpy_baseline(inputs, *size)
         ort_run = onnxruntime_run(workload, size, inputs)
@@ -194,14 +202,13 @@ def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: 
 
 
 def part_threads(cases: list[str], trials: int, seed: int, repeats: int) -> list:
-    from eqsched.reference import random_inputs
     from eqsched.workloads import get_workload
 
     rows = []
     for name in cases:
         workload, size = CASES[name]
         comp = get_workload(workload).build(*size)
-        inputs = random_inputs(comp, 0)
+        inputs = aligned_inputs(comp)
         runs = []
         for threads in (1, 2):
             result = best_program(workload, size, trials, seed, threads, "host",

@@ -29,8 +29,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import machine
-from .backend import CompileOptions, compile_program
+from .backend import CompileOptions, aligned_copy, compile_program
 from .ir import Program, naive_program
 from .reference import compare, random_inputs, reference, tolerance
 
@@ -98,13 +100,19 @@ def _inputs_and_reference(prog: Program, seed: int, check: bool) -> tuple[dict, 
     return inputs, expected
 
 
+def kernel_inputs(prog: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays a measurement hands the kernel: copies, so a stray store by the kernel cannot
+    poison cached inputs, and 64-byte aligned like the outputs `Kernel.run` allocates, so the
+    timing does not depend on where the allocator happened to put them (§11)."""
+    return {b.name: aligned_copy(inputs[b.name]) for b in prog.inputs}
+
+
 def _run(job: _Job, timing: Callable[[], None]) -> Measurement:
     prog = job.program
     kernel = compile_program(prog, job.options)
     info: dict[str, Any] = {"backend": kernel.info, "machine": machine.describe()}
     inputs, expected = _inputs_and_reference(prog, job.seed, job.check)
-    # Copies: a stray store by the kernel must not poison the cached inputs.
-    args = {b.name: inputs[b.name].copy() for b in prog.inputs}
+    args = kernel_inputs(prog, inputs)
     outputs = kernel.run(args)
     run = [*args.values(), *outputs.values()]
     result = Measurement(correct=None, info=info)

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from eqsched import expr, te
-from eqsched.backend import BackendError, CompileOptions, Target, TargetError, compile_program
+from eqsched.backend import (
+    BackendError,
+    CompileOptions,
+    Target,
+    TargetError,
+    aligned_copy,
+    compile_program,
+)
 from eqsched.backend.lower import PEEL_LIMIT, lower
 from eqsched.expr import Const, Load, Var
 from eqsched.interp import run_program
@@ -607,6 +614,16 @@ def test_run_takes_named_inputs_and_starts_outputs_as_nan():
     partial = replace(prog, buffers=tuple(
         replace(b, shape=(3, 8)) if b.name == "H" else b for b in prog.buffers))
     assert np.isnan(compile_program(partial).run({"A": x})["H"][2]).all()
+
+
+def test_aligned_copy_starts_on_a_cache_line_whatever_the_original_offset():
+    raw = np.arange(64 * 3 + 16, dtype=np.float32)
+    for skip in range(16):  # every 4-byte offset from a 64-byte boundary
+        original = raw[skip:skip + 64 * 3].reshape(3, 64)
+        copy = aligned_copy(original)
+        assert copy.ctypes.data % 64 == 0 and copy.dtype == np.float32
+        assert copy.flags.c_contiguous and np.array_equal(copy, original)
+        assert not np.may_share_memory(copy, original)
 
 
 @pytest.mark.parametrize("spec", ["host,-avx512f", "haswell"])

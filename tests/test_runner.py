@@ -2,12 +2,13 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from eqsched.backend import CompileOptions, Target
 from eqsched.expr import Const
 from eqsched.ir import Block, Loop, LoopKind, map_nodes, naive_program
-from eqsched.runner import Measurement, measure
+from eqsched.runner import Measurement, kernel_inputs, measure
 from eqsched.workloads import get_workload
 
 
@@ -36,6 +37,19 @@ def test_a_correct_program_is_checked_then_timed(matmul):
                                   "time_budget_s": None, "min_repeats": 1}
     assert m.info["program_hash"] == matmul.hash()
     assert isinstance(m.to_json()["times"], list)
+
+
+def test_the_kernel_gets_aligned_copies_of_inputs_the_allocator_put_anywhere(matmul):
+    # Where numpy puts an array depends on earlier allocations; the timing must not (§11).
+    raw = np.arange(16 * 8 + 24 * 8 + 4, dtype=np.float32)
+    inputs = {"A": raw[1:1 + 16 * 8].reshape(16, 8),  # 4 bytes past whatever raw's start is
+              "B": raw[3 + 16 * 8:3 + 16 * 8 + 8 * 24].reshape(8, 24)}
+    kept = [kernel_inputs(matmul, inputs) for _ in range(8)]  # live, so each lands elsewhere
+    for args in kept:
+        assert list(args) == ["A", "B"]
+        for name, array in args.items():
+            assert array.ctypes.data % 64 == 0
+            assert np.array_equal(array, inputs[name]) and not np.may_share_memory(array, raw)
 
 
 def test_the_target_reaches_the_worker(matmul):

@@ -91,6 +91,19 @@ def aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
     return raw[start:start + size].reshape(shape)
 
 
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A float32 copy of `array` whose data starts on a 64-byte boundary.
+
+    Where numpy's allocator puts an array depends on what was allocated before, so two
+    processes handing a kernel the same values can hand it differently aligned rows: an AVX2
+    kernel loading 8-float vectors from a row 16 bytes past a cache line splits every other
+    load and ran 2x slower (docs/ARCHITECTURE.md §11). Copies made here make timings comparable.
+    """
+    copy = aligned_empty(array.shape)
+    copy[...] = array
+    return copy
+
+
 class Kernel:
     """`kernel(*inputs, *outputs)` runs the program in place on float32 C-contiguous arrays.
 
