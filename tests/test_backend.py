@@ -291,6 +291,15 @@ def plus_one(n: int, loops: list[tuple[str, int, LoopKind, str, int]]) -> Progra
     return retile(naive_program(unary(n, lambda v, i: v[i] + 1.0)), "Y", loops)
 
 
+def assert_matches_reference(prog: Program, seed: int) -> None:
+    """The compiled program computes what numpy does on random inputs drawn with `seed`."""
+    comp = prog.computation
+    inputs = random_inputs(comp, seed=seed)
+    ok, _, msg = compare(compile_program(prog).run(inputs), reference(comp, inputs),
+                         tolerance(comp))
+    assert ok, msg
+
+
 def full_tile_loop(prog: Program) -> str:
     """The IR of the loop over full tiles, its trip count taken out."""
     text = str(lower(prog, "", "")[0])
@@ -346,10 +355,7 @@ def test_a_tail_of_a_register_or_more_runs_as_a_power_of_two_vector():
         assert f"load <{lanes} x float>" in text and f"store <{lanes} x float>" in text
     narrow = str(lower(sch.program, "", "", register_lanes=64)[0])
     assert "<56 x float>" in narrow and "masked" not in narrow  # a narrower tail keeps its width
-    inputs = random_inputs(comp, seed=1)
-    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
-                          tolerance(comp))
-    assert ok, msg
+    assert_matches_reference(sch.program, seed=1)
 
 
 def test_a_padded_pack_copies_whole_panels_then_peels_the_last():
@@ -367,10 +373,7 @@ def test_a_padded_pack_copies_whole_panels_then_peels_the_last():
     assert re.search(r'add nuw nsw i64 %"B_packed.p0.1", 1\n.*icmp slt i64 %"\.\d+", 62',
                      text)  # the whole panels' loop
     assert ".if" not in text  # no block guarded at run time: every tail is peeled
-    inputs = random_inputs(comp, seed=4)
-    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
-                         tolerance(comp))
-    assert ok, msg
+    assert_matches_reference(sch.program, seed=4)
 
 
 def test_a_register_tile_over_a_tail_stays_in_registers():
@@ -436,10 +439,7 @@ def test_pieces_that_cannot_be_peeled_are_guarded_point_by_point():
     sch.reorder("C.i.1", "C.i.0", "C.j.1", "C.j.0", "C.k", "C.j.2")
     sch.vectorize("C.j.2")
     assert "masked.store" in str(lower(sch.program, "", "")[0])
-    inputs = random_inputs(comp, seed=1)
-    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
-                         tolerance(comp))
-    assert ok, msg
+    assert_matches_reference(sch.program, seed=1)
 
 
 def test_a_local_tile_allocated_after_straight_line_code_keeps_the_code_in_order():
@@ -451,10 +451,7 @@ def test_a_local_tile_allocated_after_straight_line_code_keeps_the_code_in_order
     sch.unroll("C.init.j")
     sch.cache_write("C.update", "C.i")
     sch.unroll("C.i")
-    inputs = random_inputs(comp, seed=1)
-    ok, _, msg = compare(compile_program(sch.program).run(inputs), reference(comp, inputs),
-                         tolerance(comp))
-    assert ok, msg
+    assert_matches_reference(sch.program, seed=1)
 
 
 # ---- parallel loops -----------------------------------------------------------------------------
