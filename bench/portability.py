@@ -107,17 +107,33 @@ def onnxruntime_run(workload: str, size: tuple[int, ...], inputs: dict) -> Calla
     return run
 
 
-def timed(fns: list[Callable[[], None]], repeats: int) -> list[float]:
-    """Median seconds of each function, run alternately."""
-    times: list[list[float]] = [[] for _ in fns]
+def timed(fns: list[Callable[[], None]], repeats: int,
+          window: float = 0.02) -> list[tuple[float, float]]:
+    """(median, spread) seconds per call of each function, sampled alternately.
+
+    Each sample calls a function back to back for about `window` seconds, so a program of a
+    tenth of a millisecond is not timed against the clock's resolution; the spread is
+    (upper - lower quartile) / median of the samples, printed so a row measured in a noise
+    burst shows itself."""
+    calls = []
     for fn in fns:
         fn()  # warm
+        start = time.perf_counter()
+        fn()
+        calls.append(max(1, round(window / max(time.perf_counter() - start, 1e-7))))
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, out in zip(fns, times):
+        for fn, n, out in zip(fns, calls, times):
             start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+            for _ in range(n):
+                fn()
+            out.append((time.perf_counter() - start) / n)
+    result = []
+    for samples in times:
+        quartiles = statistics.quantiles(samples, n=4)
+        median = statistics.median(samples)
+        result.append((median, (quartiles[2] - quartiles[0]) / median))
+    return result
 
 
 def best_program(workload: str, size: tuple[int, ...], trials: int, seed: int, threads: int,
@@ -191,11 +207,12 @@ def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: 
         check(label, comp, ours.outputs, want)
         ort_run()
         check(f"{label} onnxruntime", comp, {next(iter(ours.outputs)): ort_run.output}, want)
-        seconds = timed([ours, numpy_run, ort_run], repeats)
-        eq, npy, ort = (comp.flops / s / 1e9 for s in seconds)
+        timings = timed([ours, numpy_run, ort_run], repeats)
+        eq, npy, ort = (comp.flops / s / 1e9 for s, _ in timings)
         rows.append({"case": name, "target": target, "eqsched": eq, "numpy": npy,
-                     "onnxruntime": ort, "explore_s": result.wall_s, "trials": trials,
-                     "trace": result.best_trace})
+                     "onnxruntime": ort, "spread": max(spread for _, spread in timings),
+                     "explore_s": result.wall_s, "trials": trials, "workload": workload,
+                     "size": list(size), "trace": result.best_trace})
         print(f"{label}: {eq:.1f} / numpy {npy:.1f} / onnxruntime {ort:.1f} GFLOPS",
               file=sys.stderr, flush=True)
     return rows
@@ -209,17 +226,21 @@ def part_threads(cases: list[str], trials: int, seed: int, repeats: int) -> list
         workload, size = CASES[name]
         comp = get_workload(workload).build(*size)
         inputs = aligned_inputs(comp)
-        runs = []
+        runs, traces = [], []
         for threads in (1, 2):
             result = best_program(workload, size, trials, seed, threads, "host",
                                   f"{name} [{threads} threads]")
             runs.append(kernel_run(result.best_program, inputs, threads, "host"))
+            traces.append(result.best_trace)
             runs[-1]()
         want = get_workload(workload).numpy_baseline(inputs, *size)()
         for run in runs:
             check(name, comp, run.outputs, want)
-        one, two = (comp.flops / s / 1e9 for s in timed(runs, repeats))
-        rows.append({"case": name, "one": one, "two": two})
+        timings = timed(runs, repeats)
+        one, two = (comp.flops / s / 1e9 for s, _ in timings)
+        rows.append({"case": name, "one": one, "two": two, "workload": workload,
+                     "size": list(size), "spread": max(spread for _, spread in timings),
+                     "trace_one": traces[0], "trace_two": traces[1]})
     return rows
 
 
@@ -229,7 +250,7 @@ def report(rows_by_target: dict[str, list], thread_rows: list) -> bool:
         numpy_name = "numpy" + (" (Haswell kernel)" if TARGETS[target] else "")
         print(f"\n== target {target}: one thread, GFLOPS, medians of alternating runs ==")
         print(f"{'case':<21} {'eqsched':>8} {numpy_name:>{max(7, len(numpy_name))}} {'ratio':>6} "
-              f"{'onnxrt':>7} {'ratio':>6} {'explore s':>9}")
+              f"{'onnxrt':>7} {'ratio':>6} {'explore s':>9} {'spread':>6}")
         for row in rows:
             if "error" in row:
                 print(f"{row['case']:<21} {row['error']}  BELOW")
@@ -241,19 +262,34 @@ def report(rows_by_target: dict[str, list], thread_rows: list) -> bool:
             ok &= good
             print(f"{row['case']:<21} {row['eqsched']:>8.1f} "
                   f"{row['numpy']:>{max(7, len(numpy_name))}.1f} {r_np:>6.2f} "
-                  f"{row['onnxruntime']:>7.1f} {r_ort:>6.2f} {row['explore_s']:>9.1f}  "
+                  f"{row['onnxruntime']:>7.1f} {r_ort:>6.2f} {row['explore_s']:>9.1f} "
+                  f"{row['spread']:>6.1%}  "
                   f"{'ok' if good else 'BELOW'}")
         print(f"(bars: >= {NUMPY_BAR[target]} x numpy; conv2d >= {ORT_BAR} x onnxruntime)")
     if thread_rows:
         print("\n== two threads vs one (host; each its own exploration's winner) ==")
-        print(f"{'case':<21} {'1 thread':>9} {'2 threads':>9} {'speedup':>8}")
+        print(f"{'case':<21} {'1 thread':>9} {'2 threads':>9} {'speedup':>8} {'spread':>6}")
         for row in thread_rows:
             speedup = row["two"] / row["one"]
             ok &= speedup >= THREADS_BAR
-            print(f"{row['case']:<21} {row['one']:>9.1f} {row['two']:>9.1f} {speedup:>8.2f}  "
+            print(f"{row['case']:<21} {row['one']:>9.1f} {row['two']:>9.1f} {speedup:>8.2f} "
+                  f"{row['spread']:>6.1%}  "
                   f"{'ok' if speedup >= THREADS_BAR else 'BELOW'}")
         print(f"(bar: >= {THREADS_BAR} x)")
     return ok
+
+
+def write_traces(directory: Path, rows_by_target: dict[str, list], thread_rows: list) -> None:
+    from eqsched.schedule import save_trace
+
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [(f"{row['case']}-{target.replace(',', '')}", row, "trace")
+             for target, rows in rows_by_target.items() for row in rows if "trace" in row]
+    files += [(f"{row['case']}-{key[6:]}-threads", row, key)
+              for row in thread_rows for key in ("trace_one", "trace_two")]
+    for stem, row, key in files:
+        save_trace(directory / f"{stem}.json", row[key], workload=row["workload"],
+                   size=row["size"])
 
 
 def run_part(argv: list[str], coretype: str | None) -> list:
@@ -276,6 +312,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=15, help="alternating timing runs")
     ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--traces", metavar="DIR", help="write each winner's trace here (replay "
+                    "with `eqsched run WORKLOAD --size ... --schedule FILE --target ...`)")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--part-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -295,6 +333,8 @@ def main() -> None:
     thread_rows = []
     if not args.no_threads and any(c in THREAD_CASES for c in cases):
         thread_rows = run_part(["--part", "threads", *common], None)
+    if args.traces:
+        write_traces(Path(args.traces), rows_by_target, thread_rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"targets": rows_by_target,
                                                "threads": thread_rows}, indent=1))
