@@ -7,6 +7,7 @@
     eqsched explore matmul --size 512,512,512 --trials 64 [--db eqsched.db] [--seed 0] [--json]
     eqsched explore matmul --target host,-avx512f      # compile for AVX2 (also run, space, batch)
     eqsched batch suite.toml [--jobs 2] [--db eqsched.db] [--executor ray]
+    eqsched runs [--db eqsched.db] [--json]            # every run and its status
     eqsched report --db eqsched.db --out report/
     eqsched rules list | eqsched rules check RULE
     eqsched experiment compare|distribution|ranking WORKLOAD ...
@@ -143,6 +144,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="write the best program's trace (replay with `eqsched run --schedule`)")
     exp.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
+    runs = sub.add_parser("runs", help="list a database's runs and their status (an exploration "
+                                       "whose process is gone shows as abandoned)")
+    runs.add_argument("--db", default="eqsched.db", help="SQLite results database (default "
+                                                         "eqsched.db)")
+    runs.add_argument("--json", action="store_true", help="print a JSON list")
     for tool in TOOLS:
         tool.add_parser(sub)
     experiment.add_parser(sub, EXPERIMENTS)
@@ -432,7 +438,7 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():
         print(file=sys.stderr)
     out = result.to_json()
-    if args.save_trace and result.best_trace:
+    if args.save_trace and result.best is not None:  # the naive program's trace is []
         _save_checked_trace(Path(args.save_trace), result.best_trace, wl, size,
                             result.best.program_hash)
         out["trace_file"] = args.save_trace
@@ -509,8 +515,39 @@ def _print_exploration(r: dict[str, Any]) -> None:
         print(f"trace: {json.dumps(r['trace'])}")
 
 
+# ---- eqsched runs ---------------------------------------------------------------------------
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from .db import Database, DatabaseError
+
+    try:
+        with Database(args.db, readonly=True) as db:
+            runs = db.runs()
+    except DatabaseError as err:
+        raise CliError(str(err)) from None
+    if args.json:
+        print(json.dumps(runs))
+        return 0
+    table = [("run", "problem", "status", "trials", "measured", "best GFLOPS", "started",
+              "process")]
+    for run in runs:
+        summary = run["summary"]
+        best = summary.get("best_gflops")
+        table.append((
+            str(run["id"]), f"{run['workload']} {','.join(map(str, run['size']))}",
+            run["status"], str(summary.get("trials", "-")), str(summary.get("measured", "-")),
+            f"{best:.4g}" if best else "-",
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(run["started_at"])),
+            f"{run['pid']}@{run['host']}" if run["pid"] is not None else "-"))
+    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
 COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machine,
-            "space": _cmd_space, "explore": _cmd_explore}
+            "space": _cmd_space, "explore": _cmd_explore, "runs": _cmd_runs}
 # Research tools keep their subcommand beside their code: each module's `add_parser(sub)` adds
 # one subparser whose `run` default takes the parsed arguments and returns the exit status.
 TOOLS = (batch, report, rulekit)

@@ -167,6 +167,9 @@ def test_a_killed_exploration_keeps_its_measurements_and_resumes(tmp_path, signu
         assert run["status"] == "interrupted"
     else:
         assert run["status"] == "abandoned"
+    listing = subprocess.run([sys.executable, "-m", "eqsched", "runs", "--db", str(db)],
+                             capture_output=True, text=True, env=ENV, timeout=120)
+    assert listing.returncode == 0 and f" {run['status']} " in listing.stdout.splitlines()[1]
     resumed = explore_cmd(*SMALL, "--trials", "16", "--db", str(db), "--json")
     assert resumed.returncode == 0, resumed.stderr
     out = json.loads(resumed.stdout)
