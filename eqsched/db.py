@@ -796,6 +796,10 @@ def _read_jsonl(path: Path) -> tuple[dict[int, dict], list[Record]]:
             obj.setdefault("error_kind", None)  # exported before kinds: classified on import
             obj.setdefault("settings", {})  # exported before settings: matched by no lookup
             _check_fields(obj, _RECORD_FIELDS, path, number)
+            if obj["error_kind"] not in (None, *ERROR_KINDS):
+                raise DatabaseError(f"{path} line {number}: measurement field error_kind is "
+                                    f"{obj['error_kind']!r}, expected one of "
+                                    f"{', '.join(ERROR_KINDS)} or null")
             if not obj["machine_fp"]:
                 raise DatabaseError(f"{path} line {number}: measurement has no machine_fp")
             records.append((number, Record(**obj)))

@@ -433,6 +433,21 @@ def test_import_checks_field_types_and_run_references(db, tmp_path):
     path.write_text(json.dumps({**good, "run_id": None, "median_s": "fast"}) + "\n")
     with pytest.raises(DatabaseError, match="line 1: measurement field median_s is str"):
         db.import_jsonl(path)
+    path.write_text(json.dumps({**good, "run_id": None, "error_kind": "flaky"}) + "\n")
+    with pytest.raises(DatabaseError, match="line 1: measurement field error_kind is 'flaky'"):
+        db.import_jsonl(path)
+
+
+def test_a_file_exported_before_error_kinds_and_settings_imports_with_them(db, tmp_path):
+    old = {"type": "measurement", **record("h1", median_s=None, correct=None,
+                                            error="timed out after 1 s (worker killed)",
+                                            machine_fp="here").__dict__}
+    del old["error_kind"], old["settings"]
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(old) + "\n")
+    assert db.import_jsonl(path) == 1
+    (imported,) = db.records()
+    assert imported.error_kind == "transient" and imported.settings == {}
 
 
 # ---- two processes, one file ----------------------------------------------------------------
