@@ -184,10 +184,10 @@ def error_kind(error: str | None, declared: str | None = None) -> str | None:
         if declared not in ERROR_KINDS:
             raise ValueError(f"error kind {declared!r} is not one of {', '.join(ERROR_KINDS)}")
         return declared
+    if error.startswith(_DETERMINISTIC_TEXT):  # trials' own words, whatever the message says
+        return "deterministic"
     if any(marker in error for marker in _TRANSIENT_TEXT):
         return "transient"
-    if error.startswith(_DETERMINISTIC_TEXT):
-        return "deterministic"
     raised = _RAISED_BY_THE_JOB.match(error)
     if raised and raised.group(1) not in _TRANSIENT_EXCEPTIONS:
         return "deterministic"
@@ -572,8 +572,9 @@ class Database:
 
     def add(self, record: Record) -> bool:
         """Store a measurement, committed at once. A program this machine (the record's
-        `machine_fp`) already measured for the workload and the record's target is kept as it
-        was: returns False."""
+        `machine_fp`) already measured for the workload, the record's target and its settings
+        is kept as it was (returns False), unless that measurement is a transient failure and
+        this record is not: then this one replaces it."""
         self._writable()
         with self._sql("add") as conn, self._transaction():
             return self._insert_record(conn, record)
