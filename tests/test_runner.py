@@ -8,7 +8,14 @@ import pytest
 from eqsched.backend import CompileOptions, Target
 from eqsched.expr import Const
 from eqsched.ir import Block, Loop, LoopKind, map_nodes, naive_program
-from eqsched.runner import Measurement, kernel_inputs, measure
+from eqsched.runner import (
+    DETERMINISTIC,
+    TRANSIENT,
+    Measurement,
+    default_max_memory,
+    kernel_inputs,
+    measure,
+)
 from eqsched.workloads import get_workload
 
 
@@ -34,7 +41,9 @@ def test_a_correct_program_is_checked_then_timed(matmul):
     assert m.gflops == pytest.approx(2 * 16 * 24 * 8 / m.median_s / 1e9)
     assert m.info["backend"]["cpu_name"] and m.info["machine"]["peak_gflops_per_core"] > 0
     assert m.info["settings"] == {"repeats": 4, "warmup": 1, "seed": 0, "timeout_s": 120.0,
-                                  "time_budget_s": None, "min_repeats": 1}
+                                  "time_budget_s": None, "min_repeats": 1,
+                                  "max_memory": default_max_memory()}
+    assert m.error_kind is None
     assert m.info["program_hash"] == matmul.hash()
     assert isinstance(m.to_json()["times"], list)
 
@@ -67,6 +76,7 @@ def test_a_wrong_program_is_reported_and_not_timed(matmul):
     assert m.times == [] and m.median_s is None and m.gflops is None
     assert m.max_err == pytest.approx(1.0, rel=1e-3)
     assert "384 of 384 elements off" in m.check_message
+    assert m.error_kind == DETERMINISTIC  # measuring it again would not help
 
 
 def test_outputs_the_kernel_never_writes_fail_the_check(matmul):
@@ -87,6 +97,7 @@ def test_a_crashing_kernel_becomes_an_error_and_the_next_measure_works(matmul):
     m = measure(crashing, repeats=1)
     assert isinstance(m, Measurement) and m.correct is False
     assert m.error == "worker process died: killed by SIGSEGV"
+    assert m.error_kind == DETERMINISTIC  # the kernel crashes itself: it would again
     assert "machine" in m.info
     assert measure(matmul, repeats=1).correct is True
 
@@ -95,6 +106,7 @@ def test_a_hanging_kernel_times_out_and_the_next_measure_works(matmul):
     hanging = matmul.with_body((Loop("forever", 10**15, LoopKind.SERIAL, matmul.body),))
     m = measure(hanging, repeats=1, timeout_s=2)
     assert m.correct is False and m.error.startswith("timed out after 2 s")
+    assert m.error_kind == TRANSIENT  # on a quieter machine it might finish
     assert measure(matmul, repeats=1).correct is True
 
 
@@ -102,6 +114,7 @@ def test_an_exception_in_the_worker_is_an_error_value(matmul):
     broken = _edit_block(matmul, "C.update", buffer="NoSuchBuffer")
     m = measure(broken, repeats=1)
     assert m.correct is False and m.error and "NoSuchBuffer" in m.error
+    assert m.error_kind == DETERMINISTIC
 
 
 def test_negative_repeats_are_a_caller_error(matmul):
