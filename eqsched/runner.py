@@ -340,6 +340,8 @@ def _worker_main(argv: list[str]) -> None:
     parent, requests_fd, replies_fd = map(int, argv)
     _die_with_parent(parent)
     _volunteer_for_oom_killer()
+    # A crashing kernel is an error value, not a core file in the user's directory.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     # Ctrl-C reaches the whole process group; the parent decides what an interrupt means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent, requests_fd), daemon=True,
