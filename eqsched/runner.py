@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import errno
 import hashlib
 import itertools
 import json
@@ -258,15 +259,15 @@ def _run(job: _Job, timing: Callable[[], None]) -> Measurement:
 
 
 def _failure(err: Exception) -> Measurement:
-    """A job's exception as its result: out of memory is transient, anything else the
-    program's."""
+    """A job's exception as its result. Out of memory and the system's errors (OSError: no
+    memory for the JIT, no file descriptors) are transient; anything else is the program's."""
     last = traceback.extract_tb(err.__traceback__)[-1]
     where = f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"
-    if isinstance(err, MemoryError):
+    if isinstance(err, MemoryError) or getattr(err, "errno", None) == errno.ENOMEM:
         return Measurement(correct=False, error=f"out of memory: {err}{where}",
                            error_kind=TRANSIENT)
     return Measurement(correct=False, error=f"{type(err).__name__}: {err}{where}",
-                       error_kind=DETERMINISTIC)
+                       error_kind=TRANSIENT if isinstance(err, OSError) else DETERMINISTIC)
 
 
 def _serve(requests: Connection, replies: Connection) -> None:
