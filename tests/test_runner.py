@@ -376,3 +376,30 @@ def test_cached_inputs_and_expected_outputs_a_kernel_wrote_into_are_dropped(matm
     assert not ref.intact()
     assert _drop_damaged_references() == 1
     assert _reference_for(matmul, seed=12345) is not ref  # rebuilt
+
+
+WATCHED = """
+import os, sys, threading, time
+from eqsched.runner import _watch_parent
+
+parent, hang_up = int(sys.argv[1]), sys.argv[2] == "hang-up"
+requests, writer = os.pipe()
+threading.Thread(target=_watch_parent, args=(parent, requests), daemon=True).start()
+if hang_up:
+    os.close(writer)
+time.sleep(30)
+print("the watchdog let it live")
+"""
+
+
+@pytest.mark.parametrize("how", ["hang-up", "reparented"])
+def test_the_watchdog_ends_a_worker_whose_parent_is_gone(how):
+    # Behind the parent-death signal (Linux only, and tied to a thread): a closed request pipe,
+    # or a parent process id that is no longer the one the worker was started by.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    parent = os.getpid() if how == "hang-up" else 1 << 22  # no process has that id
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", WATCHED, str(parent), how], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "let it live" not in done.stdout, done
+    assert time.monotonic() - started < 25
