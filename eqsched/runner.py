@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import errno
-import hashlib
 import itertools
 import json
 import math
@@ -34,6 +33,7 @@ import tempfile
 import threading
 import time
 import traceback
+import zlib
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -162,22 +162,23 @@ class _WorkerLost(Exception):
 @dataclass
 class _Reference:
     """The inputs and expected outputs of one workload instance, kept across candidates, with a
-    digest of both: a stray store by a kernel into them would poison every later check."""
+    checksum of both: a stray store by a kernel into them would poison every later check. CRC-32
+    catches any accidental change of a few words and takes 2 ms for matmul 512³'s 4 MiB
+    (blake2b took 13)."""
 
     inputs: dict[str, np.ndarray]
     expected: dict[str, np.ndarray]
-    digest: bytes = b""
+    digest: int = 0
 
     def __post_init__(self) -> None:
         self.digest = self.current_digest()
 
-    def current_digest(self) -> bytes:
-        h = hashlib.blake2b(digest_size=16)
+    def current_digest(self) -> int:
+        crc = 0
         for arrays in (self.inputs, self.expected):
             for name in sorted(arrays):
-                h.update(name.encode())
-                h.update(np.ascontiguousarray(arrays[name]))
-        return h.digest()
+                crc = zlib.crc32(np.ascontiguousarray(arrays[name]), zlib.crc32(name.encode(), crc))
+        return crc
 
     def intact(self) -> bool:
         return self.current_digest() == self.digest
