@@ -108,9 +108,22 @@ def check_timeout(timeout_s: Any) -> float:
     return float(timeout_s)
 
 
+# Where a container's memory limit is (cgroup v2, then v1); "max" or a huge number: none.
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def machine_memory() -> int:
-    """This machine's memory in bytes (MemTotal)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The memory this process may use, in bytes: the machine's (MemTotal), or its container's
+    limit when that is lower (past it the container's OOM killer strikes, not MemoryError)."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in _CGROUP_LIMITS:
+        try:
+            limit = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            memory = min(memory, int(limit))
+    return memory
 
 
 def default_max_memory() -> int:

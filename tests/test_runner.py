@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eqsched import runner
 from eqsched.backend import CompileOptions, Target
 from eqsched.expr import Const
 from eqsched.ir import Block, Loop, LoopKind, map_nodes, naive_program
@@ -278,6 +279,19 @@ def test_a_workload_bigger_than_the_memory_cap_is_out_of_memory(matmul):
     assert m.correct is False and m.error.startswith("out of memory: "), m.error
     assert m.error_kind == TRANSIENT
     assert measure(matmul, repeats=1, worker=4).correct is True
+
+
+def test_the_default_memory_cap_is_half_of_what_the_machine_or_its_container_allows(
+        tmp_path, monkeypatch):
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    unlimited, limited = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    unlimited.write_text("max\n")
+    monkeypatch.setattr(runner, "_CGROUP_LIMITS", (str(unlimited), str(tmp_path / "none")))
+    assert runner.machine_memory() == physical
+    limited.write_text(f"{4 << 30}\n")
+    monkeypatch.setattr(runner, "_CGROUP_LIMITS", (str(unlimited), str(limited)))
+    assert runner.machine_memory() == min(physical, 4 << 30)
+    assert default_max_memory() == max(256 << 20, min(physical, 4 << 30) // 2)
 
 
 def test_bad_memory_caps_are_a_caller_error(matmul):
