@@ -279,6 +279,12 @@ def test_a_workload_bigger_than_the_memory_cap_is_out_of_memory(matmul):
     assert m.correct is False and m.error.startswith("out of memory: "), m.error
     assert m.error_kind == TRANSIENT
     assert measure(matmul, repeats=1, worker=4).correct is True
+    # The kernel's own buffers: mm_exp_mm's intermediates C and D, 1 GiB each, are allocated
+    # with the compiled kernel, before any reference is computed.
+    wide = naive_program(get_workload("mm_exp_mm").build(16384, 1, 16384, 1))
+    m = measure(wide, repeats=1, max_memory=512 << 20, worker=4)
+    assert m.error.startswith("out of memory: ") and "(at kernel.py:" in m.error, m.error
+    assert m.error_kind == TRANSIENT
 
 
 def test_the_default_memory_cap_is_half_of_what_the_machine_or_its_container_allows(
