@@ -586,8 +586,9 @@ _job_ids = itertools.count(1)
 
 def _forget_workers_after_fork() -> None:
     """A forked child does not own its parent's workers: it closes its copies of their pipes
-    (so a worker still sees its parent hang up) and starts its own when it measures."""
-    global _pool_lock
+    (so a worker still sees its parent hang up) and starts its own when it measures, from its
+    own starter thread (threads do not survive a fork; a lock may have been held)."""
+    global _pool_lock, _starter
     for worker in _workers.values():
         worker.send.close()
         worker.recv.close()
@@ -595,6 +596,7 @@ def _forget_workers_after_fork() -> None:
     _workers.clear()
     _locks.clear()
     _pool_lock = threading.Lock()
+    _starter = _Starter()
 
 
 os.register_at_fork(after_in_child=_forget_workers_after_fork)

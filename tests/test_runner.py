@@ -341,6 +341,22 @@ def test_what_the_worker_says_on_stderr_is_in_the_error_not_on_the_terminal(matm
     assert measure(matmul, repeats=1, worker=4).correct is True
 
 
+def test_a_forked_child_measures_in_its_own_worker_and_leaves_the_parents_alone(matmul):
+    assert measure(matmul, repeats=1, worker=4).correct is True
+    parents = worker_pids()[4]
+    child = os.fork()
+    if child == 0:  # never returns into pytest
+        ok = False
+        try:
+            ok = (worker_pids() == {} and measure(matmul, repeats=1, worker=4).correct is True
+                  and worker_pids()[4] != parents)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert worker_pids()[4] == parents and measure(matmul, repeats=1, worker=4).correct is True
+
+
 # ---- one reply per job ------------------------------------------------------------------------
 
 
