@@ -16,7 +16,6 @@ See docs/ARCHITECTURE.md §11 Measurement.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import errno
 import itertools
 import json
@@ -316,20 +315,6 @@ def _cap_memory(max_memory: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
 
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def _die_with_parent(parent: int) -> None:
-    """Ask the kernel for SIGKILL when the parent dies (Linux), then make sure it has not died
-    already: a worker left behind would spin in a hanging kernel forever."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL),
-                   ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 def _watch_parent(parent: int, requests_fd: int) -> None:
     """Exit when the parent is gone: reparented, or its end of the request pipe closed. Covers
     what the parent-death signal cannot (other systems; a parent that forked, whose child holds
@@ -352,8 +337,7 @@ def _volunteer_for_oom_killer() -> None:
 
 
 def _worker_main(argv: list[str]) -> None:
-    parent, requests_fd, replies_fd = map(int, argv)
-    _die_with_parent(parent)
+    parent, requests_fd, replies_fd = map(int, argv)  # the bootstrap made it die with `parent`
     _volunteer_for_oom_killer()
     # A crashing kernel is an error value, not a core file in the user's directory.
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
@@ -364,13 +348,20 @@ def _worker_main(argv: list[str]) -> None:
     _serve(Connection(requests_fd, writable=False), Connection(replies_fd, readable=False))
 
 
-# How a worker starts: `python -I` (no current directory, no PYTHON* variables, no user site on
-# sys.path) with the parent's import path minus the current directory, then this same eqsched
-# package loaded from its own folder. `python -m eqsched.runner` put the current directory
-# first, and a stray statistics.py there broke every measurement.
+# How a worker starts. First, before its imports (half a second), it asks the kernel for SIGKILL
+# when its parent dies (Linux: PR_SET_PDEATHSIG, 1) and makes sure the parent has not died
+# already: a worker left behind would spin in a hanging kernel forever. Then `python -I` (no
+# current directory, no PYTHON* variables, no user site on sys.path) takes the parent's import
+# path minus the current directory and loads this same eqsched package from its own folder.
+# `python -m eqsched.runner` put the current directory first, and a stray statistics.py there
+# broke every measurement.
 _BOOTSTRAP = """\
-import importlib.util, json, sys
+import ctypes, importlib.util, json, os, signal, sys
 package, path, argv = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None).prctl(1, ctypes.c_ulong(signal.SIGKILL), *[ctypes.c_ulong(0)] * 3)
+if os.getppid() != int(argv[0]):
+    os._exit(1)
 sys.path[:] = path
 spec = importlib.util.spec_from_file_location(
     "eqsched", package + "/__init__.py", submodule_search_locations=[package])
