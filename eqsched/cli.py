@@ -36,7 +36,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import machine
-from .args import TARGET_HELP, CliError, parse_limits, parse_size, parse_target
+from .args import (
+    MEMORY_HELP,
+    TARGET_HELP,
+    CliError,
+    max_memory_arg,
+    parse_limits,
+    parse_size,
+    parse_target,
+    timeout_arg,
+)
 from .backend import BackendError, CompileOptions
 from .egraph.dot import write_dot
 from .egraph.saturate import SaturationError
@@ -81,8 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=int, default=10, help="timed runs (default 10)")
     run.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    run.add_argument("--timeout", type=timeout_arg, default=DEFAULT_TIMEOUT_S,
                      help=f"seconds for compile, check and timing (default {DEFAULT_TIMEOUT_S:g})")
+    run.add_argument("--max-memory", type=max_memory_arg, help=MEMORY_HELP)
     run.add_argument("--target", default="host", help=TARGET_HELP)
     run.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
@@ -138,8 +148,9 @@ def _parser() -> argparse.ArgumentParser:
                           "result)")
     exp.add_argument("--repeats", type=int, default=10, help="timed runs per candidate")
     exp.add_argument("--target", default="host", help=TARGET_HELP)
-    exp.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    exp.add_argument("--timeout", type=timeout_arg, default=DEFAULT_TIMEOUT_S,
                      help="seconds per candidate for compile, check and timing")
+    exp.add_argument("--max-memory", type=max_memory_arg, help=MEMORY_HELP)
     exp.add_argument("--save-trace", metavar="FILE",
                      help="write the best program's trace (replay with `eqsched run --schedule`)")
     exp.add_argument("--json", action="store_true",
@@ -261,9 +272,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"eqsched: measuring {wl.name} {','.join(map(str, size))} for target {target} ...",
           file=sys.stderr)
     m = measure(program, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
-                seed=args.seed, options=CompileOptions(target=target))
+                seed=args.seed, options=CompileOptions(target=target),
+                max_memory=args.max_memory)
     if m.error is not None:
-        hint = " (raise --timeout or lower --repeats)" if m.error.startswith("timed out") else ""
+        hint = (" (raise --timeout or lower --repeats)" if m.error.startswith("timed out") else
+                " (raise --max-memory or lower --size)" if m.error.startswith("out of memory")
+                else "")
         raise CliError(f"measuring {wl.name} failed: {m.error}{hint}")
     report = _report(wl, size, program, steps, m)
     if args.json:
@@ -425,6 +439,7 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     settings = Settings(repeats=args.repeats, timeout_s=args.timeout, threads=args.threads,
+                        max_memory=args.max_memory,
                         target=parse_target(args.target))
     if args.save_trace:
         _check_writable(Path(args.save_trace))

@@ -29,7 +29,7 @@ from .db import MEASUREMENT_SETTINGS, Database, Record, error_kind
 from .egraph.derive import DeriveError
 from .egraph.term import Sizes, Term, show
 from .ir import LoopKind, Program
-from .runner import Measurement, measure
+from .runner import Measurement, check_max_memory, check_timeout, measure
 
 if TYPE_CHECKING:
     from .extract.search import Candidate
@@ -44,6 +44,8 @@ class Settings:
     time_budget_s: float | None = 0.3  # per candidate: a slow one gets min_repeats timed runs
     min_repeats: int = 3  # one run on a busy machine can be far off (docs/ARCHITECTURE.md §17.5)
     timeout_s: float = 120.0  # per candidate: compile, check and timing together
+    # The worker's memory cap in bytes (None: runner.default_max_memory(), half the machine's).
+    max_memory: int | None = None
     input_seed: int = 0
     threads: int | None = None  # for parallel loops; None: every core (1: a one-core result)
     # What the code is compiled for, as `Target.parse` reads it ("host", "host,-avx512f",
@@ -51,8 +53,12 @@ class Settings:
     target: str = "host"
 
     def __post_init__(self) -> None:
-        # A target LLVM does not know is refused here (TargetError), before anything runs.
+        # A target LLVM does not know is refused here (TargetError), before anything runs; so
+        # are a timeout or memory cap the worker cannot use (ValueError).
         self.target = Target.parse(self.target).spec
+        self.timeout_s = check_timeout(self.timeout_s)
+        if self.max_memory is not None:
+            check_max_memory(self.max_memory)
 
     def options(self) -> CompileOptions:
         return CompileOptions(threads=self.threads, target=Target.parse(self.target))
@@ -77,7 +83,8 @@ class Settings:
         return measure(program, repeats=self.repeats, warmup=self.warmup,
                        timeout_s=self.timeout_s, seed=self.input_seed,
                        time_budget_s=self.time_budget_s, min_repeats=self.min_repeats,
-                       worker=worker, on_timing=on_timing, options=self.options())
+                       max_memory=self.max_memory, worker=worker, on_timing=on_timing,
+                       options=self.options())
 
 
 def record_of(workload: str, size: list[int], key: str, term: Term, sizes: Sizes,

@@ -4,15 +4,17 @@ cost model (MetaSchedule's evolutionary search, over the e-graph instead of trac
 A candidate's genome is the node picked at every slot the walk reached (`Space.walk`) and one size
 assignment per dimension group (`Space.size_options`); its phenotype is the concrete program.
 Fresh candidates are uniform draws from the space (`Space.program` of a random index, with the
-picks that spell it); mutants re-walk with one choice changed.
+picks that spell it); mutants re-walk with one choice changed; a crossover child is one parent
+with the other's choices inside one top-level statement both have (a stage of a chain).
 
     search = EvolutionarySearch(space, get_cost_model("analytic"), seed=0)
     batch = search.propose(8, exclude=measured_hashes, elites=best_measured_candidates)
 
 Each round starts from the elites (measured winners), the survivors of the last round and fresh
 random walks; it mutates the best (re-pick one slot, re-size one group, or nudge one factor of
-two between two pieces of a group), keeps the best distinct programs, and returns the top `k` the
-caller has not measured, with a few random picks mixed in so a wrong model still sees new ground.
+two between two pieces of a group) and crosses pairs of them, keeps the best distinct programs,
+and returns the top `k` the caller has not measured, with a few random picks mixed in so a wrong
+model still sees new ground.
 A round evolves for `generations` generations, and on (up to `max_generations`) while the
 predicted top `k` still gains: large spaces (fused chains) need many more than small ones. The
 first round, with no elites or survivors to start from, evolves up to `first_islands`
@@ -58,6 +60,8 @@ PROGRAMS_KEPT = 4096
 PREDICTION_BATCH = 32  # programs predicted between two calls of wait_turn
 # Beyond `generations`, evolution goes on while the predicted top of the round still improves.
 STALE_GENERATIONS, MIN_GAIN = 2, 0.01
+CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
+ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
 
 
 def unrolled_copies(prog: Program) -> int:
@@ -93,6 +97,8 @@ class Candidate:
     picks: dict[Slot, int] = field(repr=False)  # slot -> index into space.choices(slot)
     assignment: dict[str, dict[str, int]] = field(repr=False)  # group -> {path: extent}
     naive: Program = field(repr=False)  # the space's naive program, which the trace starts from
+    # per top-level statement, in program order: its walk's slots and the groups it loops over
+    statements: tuple[tuple[tuple[Slot, ...], frozenset[str]], ...] = field(default=(), repr=False)
     hash: str = ""
 
     def __post_init__(self) -> None:
@@ -183,13 +189,27 @@ class EvolutionarySearch:
         """Walk keeping the given picks where they still apply, pick the rest at random, then
         size every group (keeping a given assignment where it is still valid)."""
         used: dict[Slot, int] = {}
+        statements: list[tuple[list[Slot], set[str]]] = []
+        in_statement = False
 
         def pick(slot: Slot, choices: list) -> object:
+            nonlocal in_statement
             index = picks.get(slot)
             if index is None or index >= len(choices):
                 index = self.rng.randrange(len(choices))
             used[slot] = index
-            return choices[index]
+            node = choices[index]
+            # The walk is depth first: an `rcons` slot's statement is every slot up to the
+            # next root-list slot.
+            if node.op in ROOT_LIST_OPS:
+                in_statement = node.op == "rcons"
+                if in_statement:
+                    statements.append(([], set()))
+            elif in_statement:
+                statements[-1][0].append(slot)
+                if node.op == "loop":
+                    statements[-1][1].add(node.literals[0])
+            return node
 
         term = self.space.walk(pick)
         options = self.space.size_options(term)
@@ -216,7 +236,8 @@ class EvolutionarySearch:
         prog = self.program_of(term, sizes)
         if prog is None or unrolled_copies(prog) > self.max_unrolled:
             return None
-        return Candidate(term, dict(sorted(sizes.items())), prog, used, sized, self.space.naive)
+        return Candidate(term, dict(sorted(sizes.items())), prog, used, sized, self.space.naive,
+                         tuple((tuple(slots), frozenset(groups)) for slots, groups in statements))
 
     def program_of(self, term: Term, sizes: Sizes) -> Program | None:
         """The concrete program (memoized), or None if the primitives cannot build it. It is not
@@ -261,6 +282,22 @@ class EvolutionarySearch:
             if choice is None:
                 return None
         return self._grow(cand.picks, {**cand.assignment, group: choice})
+
+    def crossover(self, a: Candidate, b: Candidate) -> Candidate | None:
+        """A child of two parents: `a` with the choices of `b` inside one top-level statement
+        both have (the same e-class: the same stage, with the same things fused into it), and
+        the sizes of the groups that statement loops over. Stages of a chain cost about
+        additively, so a child can take one parent's good first matmul and the other's good
+        second one, which single mutations rarely assemble in a space of 1e38 programs. None
+        when the parents share no statement."""
+        heads = {slots[0] for slots, _ in a.statements if slots}
+        shared = [(slots, groups) for slots, groups in b.statements if slots and slots[0] in heads]
+        if not shared:
+            return None
+        slots, groups = shared[self.rng.randrange(len(shared))]
+        picks = {**a.picks, **{slot: b.picks[slot] for slot in slots}}
+        assignment = {**a.assignment, **{g: b.assignment[g] for g in groups if g in b.assignment}}
+        return self._grow(picks, assignment)
 
     def _nudge(self, current: dict[str, int], options: list[dict[str, int]]
                ) -> dict[str, int] | None:
@@ -355,7 +392,9 @@ class EvolutionarySearch:
             if not parents or (generation >= self.generations and stale >= STALE_GENERATIONS):
                 break
             before = _top_score(ranked, k)
-            add(self.mutate(self.rng.choice(parents)) for _ in range(self.population))
+            add(self.crossover(*self.rng.sample(parents, 2))
+                if len(parents) > 1 and self.rng.random() < CROSSOVER_SHARE
+                else self.mutate(self.rng.choice(parents)) for _ in range(self.population))
             ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in ranked[: self.population]}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0

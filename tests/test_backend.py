@@ -613,6 +613,25 @@ def test_run_takes_named_inputs_and_starts_outputs_as_nan():
     assert np.isnan(compile_program(partial).run({"A": x})["H"][2]).all()
 
 
+def test_run_starts_intermediates_as_nan_on_every_call():
+    # Without its init, T accumulates into whatever T held: NaN on every run, never a stale
+    # or zeroed buffer that would make the sum come out right.
+    x = te.placeholder((8, 4), "X")
+    k = te.reduce_axis(4, "k")
+    t = te.compute((8,), lambda i: te.sum_(x[i, k], axis=k), "T")
+    y = te.compute((8,), lambda i: t[i] * 2.0, "Y")
+    prog = naive_program(te.Computation("twice_row_sums", [y]))
+    assert prog.buffer("T").scope == Scope.GLOBAL
+    kernel = compile_program(prog)
+    inputs = {"X": np.ones((8, 4), np.float32)}
+    np.testing.assert_array_equal(kernel.run(inputs)["Y"], np.full(8, 8.0))
+    no_init = prog.with_body(tuple(n for n in prog.body if n.name != "T.init.i"))
+    assert len(no_init.body) == len(prog.body) - 1
+    broken = compile_program(no_init)
+    for _ in range(2):  # the second run starts from NaN again, not from the first run's T
+        assert np.isnan(broken.run(inputs)["Y"]).all()
+
+
 def test_aligned_copy_starts_on_a_cache_line_whatever_the_original_offset():
     raw = np.arange(64 * 3 + 16, dtype=np.float32)
     for skip in range(16):  # every 4-byte offset from a 64-byte boundary

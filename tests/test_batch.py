@@ -63,6 +63,8 @@ seed = [0, 1]
     ('[[explore]]\nworkload = "matmul"\ntarget = "nosuchcpu"', "LLVM knows no x86 CPU"),
     ('[[explore]]\nworkload = "matmul"\ntarget = ["host", "host,+nosuch"]',
      "'nosuch' is not an x86 feature"),
+    ('[[explore]]\nworkload = "matmul"\nmax_memory = "lots"', "max memory must be a size"),
+    ('[defaults]\nmax_memory = 1024\n[[explore]]\nworkload = "matmul"', "at least 256 MiB"),
 ])
 def test_a_malformed_suite_is_refused_before_anything_runs(text, message):
     with pytest.raises(BatchError, match="suite.toml") as err:
@@ -79,6 +81,18 @@ def test_a_target_per_job_or_for_the_whole_suite():
     assert [j.settings()["target"] for j in given.jobs] == ["haswell", "host"]
     with pytest.raises(BatchError, match="the batch's target.*LLVM knows no x86 CPU"):
         Suite.from_dict({"explore": [{"workload": "matmul"}]}, "suite.toml", target="nosuch")
+
+
+def test_a_memory_cap_per_job_or_for_the_whole_suite_in_bytes():
+    crossed = suite('[[explore]]\nworkload = "matmul"\nmax_memory = ["8G", "1G"]')
+    assert [j.settings()["max_memory"] for j in crossed.jobs] == [8 << 30, 1 << 30]
+    with pytest.raises(BatchError, match="listed twice"):  # one cap, two spellings
+        suite('[[explore]]\nworkload = "matmul"\nmax_memory = ["8G", "8192M"]')
+    given = Suite.from_dict({"explore": [{"workload": "matmul"},
+                                         {"workload": "conv2d_nchw", "max_memory": "1G"}]},
+                            "suite.toml", max_memory=2 << 30)
+    assert [j.settings()["max_memory"] for j in given.jobs] == [2 << 30, 1 << 30]
+    assert suite(TINY).jobs[0].settings()["max_memory"] is None  # the runner's default
 
 
 def test_a_jobs_target_is_stored_and_its_finished_run_is_found_again(tmp_path):

@@ -167,6 +167,33 @@ def test_a_bad_target_is_a_one_line_error_before_anything_is_done(tmp_path, comm
     assert not (tmp_path / "x.db").exists()
 
 
+BAD_LIMITS = [
+    ("--timeout", "inf", "timeout must be more than 0 and at most 86400 seconds, got inf"),
+    ("--timeout", "nan", "timeout must be more than 0"),
+    ("--timeout", "0", "timeout must be more than 0"),
+    ("--max-memory", "1K", "max memory must be at least 256 MiB"),
+    ("--max-memory", "lots", "max memory must be a size like 8G, 512M or 50%, got 'lots'"),
+]
+
+
+@pytest.mark.parametrize("command, option, value, fragment", [
+    (command, *bad) for command in ("run", "explore", "batch") for bad in BAD_LIMITS
+    if not (command == "batch" and bad[0] == "--timeout")])  # a suite has no timeout
+def test_a_bad_timeout_or_memory_cap_is_a_one_line_error_before_anything_is_done(
+        tmp_path, command, option, value, fragment):
+    (tmp_path / "suite.toml").write_text('[[explore]]\nworkload = "matmul"\n')
+    args = [a.format(tmp=tmp_path) for a in TARGET_COMMANDS[command]]
+    assert_one_line_error(eqsched_cmd(*args, option, value), fragment)
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_a_program_too_big_for_the_memory_cap_is_a_one_line_error():
+    proc = eqsched_cmd("run", "matmul", "--size", "16384,16384,16", "--max-memory", "512M",
+                       "--no-print")
+    assert_one_line_error(proc, "failed: out of memory: Unable to allocate")
+    assert "(raise --max-memory or lower --size)" in proc.stderr
+
+
 def test_every_command_that_compiles_takes_a_target():
     for command in ("run", "explore", "space", "batch"):
         assert "--target" in eqsched_cmd(command, "--help").stdout

@@ -1,14 +1,42 @@
-"""The measurement runner: check before timing, and crashes or hangs as error values."""
+"""The measurement runner: check before timing; crashes, hangs and running out of memory as error
+values with a kind; a worker that dies with its parent, answers only the job asked and imports
+nothing from the current directory."""
 
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from eqsched import runner
 from eqsched.backend import CompileOptions, Target
 from eqsched.expr import Const
 from eqsched.ir import Block, Loop, LoopKind, map_nodes, naive_program
-from eqsched.runner import Measurement, kernel_inputs, measure
+from eqsched.runner import (
+    DETERMINISTIC,
+    TRANSIENT,
+    Measurement,
+    _drop_damaged_references,
+    _Job,
+    _reference_for,
+    _Worker,
+    _WorkerLost,
+    check_max_memory,
+    check_timeout,
+    default_max_memory,
+    kernel_inputs,
+    measure,
+    shutdown,
+    worker_pids,
+)
 from eqsched.workloads import get_workload
 
 
@@ -34,7 +62,9 @@ def test_a_correct_program_is_checked_then_timed(matmul):
     assert m.gflops == pytest.approx(2 * 16 * 24 * 8 / m.median_s / 1e9)
     assert m.info["backend"]["cpu_name"] and m.info["machine"]["peak_gflops_per_core"] > 0
     assert m.info["settings"] == {"repeats": 4, "warmup": 1, "seed": 0, "timeout_s": 120.0,
-                                  "time_budget_s": None, "min_repeats": 1}
+                                  "time_budget_s": None, "min_repeats": 1,
+                                  "max_memory": default_max_memory()}
+    assert m.error_kind is None
     assert m.info["program_hash"] == matmul.hash()
     assert isinstance(m.to_json()["times"], list)
 
@@ -67,6 +97,7 @@ def test_a_wrong_program_is_reported_and_not_timed(matmul):
     assert m.times == [] and m.median_s is None and m.gflops is None
     assert m.max_err == pytest.approx(1.0, rel=1e-3)
     assert "384 of 384 elements off" in m.check_message
+    assert m.error_kind == DETERMINISTIC  # measuring it again would not help
 
 
 def test_outputs_the_kernel_never_writes_fail_the_check(matmul):
@@ -87,6 +118,7 @@ def test_a_crashing_kernel_becomes_an_error_and_the_next_measure_works(matmul):
     m = measure(crashing, repeats=1)
     assert isinstance(m, Measurement) and m.correct is False
     assert m.error == "worker process died: killed by SIGSEGV"
+    assert m.error_kind == DETERMINISTIC  # the kernel crashes itself: it would again
     assert "machine" in m.info
     assert measure(matmul, repeats=1).correct is True
 
@@ -95,6 +127,7 @@ def test_a_hanging_kernel_times_out_and_the_next_measure_works(matmul):
     hanging = matmul.with_body((Loop("forever", 10**15, LoopKind.SERIAL, matmul.body),))
     m = measure(hanging, repeats=1, timeout_s=2)
     assert m.correct is False and m.error.startswith("timed out after 2 s")
+    assert m.error_kind == TRANSIENT  # on a quieter machine it might finish
     assert measure(matmul, repeats=1).correct is True
 
 
@@ -102,6 +135,7 @@ def test_an_exception_in_the_worker_is_an_error_value(matmul):
     broken = _edit_block(matmul, "C.update", buffer="NoSuchBuffer")
     m = measure(broken, repeats=1)
     assert m.correct is False and m.error and "NoSuchBuffer" in m.error
+    assert m.error_kind == DETERMINISTIC
 
 
 def test_negative_repeats_are_a_caller_error(matmul):
@@ -140,3 +174,268 @@ def test_workers_measure_from_several_threads():
                                 enumerate(progs)))
     assert all(m.correct for m in results)
     assert [m.info["program_hash"] for m in results] == [p.hash() for p in progs]
+
+
+# ---- the worker process: dies with its parent, its own deadline, cap and import path ----------
+
+
+def _hanging(prog):
+    return prog.with_body((Loop("forever", 10**15, LoopKind.SERIAL, prog.body),))
+
+
+def _job(job_id, prog, timeout_s=60.0, repeats=1):
+    return _Job(job_id, prog, None, repeats, 0, 0, True, timeout_s, default_max_memory())
+
+
+def _gone(pid):
+    """Whether process `pid` has ended (a zombie waiting for its reaper has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _wait_until_gone(pid, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+PARENT = """
+import threading, time
+from eqsched.ir import Loop, LoopKind, naive_program
+from eqsched.runner import measure, worker_pids
+from eqsched.workloads import get_workload
+
+prog = naive_program(get_workload("matmul").build(8, 8, 8))
+hanging = prog.with_body((Loop("forever", 10**15, LoopKind.SERIAL, prog.body),))
+threading.Thread(target=measure, args=(hanging,), kwargs={"timeout_s": 600}, daemon=True).start()
+while not worker_pids():
+    time.sleep(0.01)
+print(worker_pids()[0], flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_dies_with_its_parent_even_inside_a_hanging_kernel():
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, env=env,
+                              text=True)
+    worker = None
+    try:
+        worker = int(parent.stdout.readline())
+        time.sleep(1.0)  # most likely inside the kernel by now; either way it must go
+        parent.kill()  # kill -9: no atexit, no cleanup in the parent
+        parent.wait(10)
+        assert _wait_until_gone(worker), "the worker outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait(10)
+        parent.stdout.close()
+        if worker is not None and not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_a_worker_outlives_the_thread_that_started_it(matmul):
+    # Linux sends the parent-death signal when the starting *thread* ends; explore measures
+    # from pool threads that end with each run, so workers are started from one that does not.
+    started = threading.Thread(target=measure, args=(matmul,), kwargs={"repeats": 1,
+                                                                       "worker": 4})
+    started.start()
+    started.join()
+    pid = worker_pids()[4]
+    time.sleep(0.5)  # a parent-death signal would have arrived by now
+    assert measure(matmul, repeats=1, worker=4).correct is True
+    assert worker_pids()[4] == pid
+
+
+def test_the_worker_keeps_its_own_deadline_when_nobody_reads_its_reply(matmul):
+    worker = _Worker()
+    try:
+        worker.send.send(_job(1, _hanging(matmul), timeout_s=1.0))
+        # Its own deadline comes 2 s after the parent's, which never comes: nobody waits.
+        assert worker.process.wait(60) == -signal.SIGALRM
+    finally:
+        worker.stop()
+
+
+def test_the_worker_is_first_for_the_oom_killer_and_capped(matmul):
+    assert measure(matmul, repeats=1, max_memory=1 << 30, worker=4).correct is True
+    pid = worker_pids()[4]
+    assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    assert re.search(rf"Max data size\s+{1 << 30}\s", limits), limits
+
+
+def test_a_workload_bigger_than_the_memory_cap_is_out_of_memory(matmul):
+    # 1 GiB of output and 2 GiB of float64 reference, under a 512 MiB cap: a MemoryError in
+    # the worker, reported as transient (a larger cap would do), not a crash of anything.
+    huge = naive_program(get_workload("matmul").build(16384, 16384, 16))
+    m = measure(huge, repeats=1, max_memory=512 << 20, worker=4)
+    assert m.correct is False and m.error.startswith("out of memory: "), m.error
+    assert m.error_kind == TRANSIENT
+    assert measure(matmul, repeats=1, worker=4).correct is True
+    # The kernel's own buffers: mm_exp_mm's intermediates C and D, 1 GiB each, are allocated
+    # with the compiled kernel, before any reference is computed.
+    wide = naive_program(get_workload("mm_exp_mm").build(16384, 1, 16384, 1))
+    m = measure(wide, repeats=1, max_memory=512 << 20, worker=4)
+    assert m.error.startswith("out of memory: ") and "(at kernel.py:" in m.error, m.error
+    assert m.error_kind == TRANSIENT
+
+
+def test_the_default_memory_cap_is_half_of_what_the_machine_or_its_container_allows(
+        tmp_path, monkeypatch):
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    unlimited, limited = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    unlimited.write_text("max\n")
+    monkeypatch.setattr(runner, "_CGROUP_LIMITS", (str(unlimited), str(tmp_path / "none")))
+    assert runner.machine_memory() == physical
+    limited.write_text(f"{4 << 30}\n")
+    monkeypatch.setattr(runner, "_CGROUP_LIMITS", (str(unlimited), str(limited)))
+    assert runner.machine_memory() == min(physical, 4 << 30)
+    assert default_max_memory() == max(256 << 20, min(physical, 4 << 30) // 2)
+
+
+def test_bad_memory_caps_are_a_caller_error(matmul):
+    for bad in (0, -1, 1 << 20, 2.5e9, "1G", True):
+        with pytest.raises(ValueError, match="max memory"):
+            measure(matmul, max_memory=bad)
+    assert check_max_memory(1 << 30) == 1 << 30
+
+
+def test_modules_in_the_current_directory_do_not_reach_the_worker(matmul, tmp_path,
+                                                                  monkeypatch):
+    # `python -m` puts the current directory first on sys.path: a stray statistics.py there
+    # once made every measurement "worker process died".
+    stray = "raise SystemExit('a stray module from the current directory was imported')\n"
+    for name in ("statistics.py", "numpy.py"):
+        (tmp_path / name).write_text(stray)
+    (tmp_path / "eqsched").mkdir()
+    (tmp_path / "eqsched" / "__init__.py").write_text(stray)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", *sys.path])  # as `python -m` leaves it
+    shutdown()  # the next measure starts its worker here
+    m = measure(matmul, repeats=1)
+    assert m.error is None and m.correct is True, m.error
+
+
+class _WritesToStderrAndAborts:
+    """Unpickled in the worker, it says something on stderr and aborts: what LLVM does on a
+    fatal error ("LLVM ERROR: ..."), which no Python handler sees."""
+
+    def __reduce__(self):
+        return exec, ("import os, sys\nsys.stderr.write('LLVM ERROR: pretend it broke\\n')\n"
+                      "sys.stderr.flush()\nos.abort()",)
+
+
+def test_what_the_worker_says_on_stderr_is_in_the_error_not_on_the_terminal(matmul, capfd):
+    m = measure(matmul, repeats=1, options=_WritesToStderrAndAborts(), worker=4)
+    assert m.error == ("worker process died: killed by SIGABRT; its stderr ended: "
+                       "LLVM ERROR: pretend it broke")
+    assert m.error_kind == DETERMINISTIC
+    assert "pretend" not in capfd.readouterr().err
+    assert measure(matmul, repeats=1, worker=4).correct is True
+
+
+def test_a_forked_child_measures_in_its_own_worker_and_leaves_the_parents_alone(matmul):
+    assert measure(matmul, repeats=1, worker=4).correct is True
+    parents = worker_pids()[4]
+    child = os.fork()
+    if child == 0:  # never returns into pytest
+        ok = False
+        try:
+            ok = (worker_pids() == {} and measure(matmul, repeats=1, worker=4).correct is True
+                  and worker_pids()[4] != parents)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert worker_pids()[4] == parents and measure(matmul, repeats=1, worker=4).correct is True
+
+
+# ---- one reply per job ------------------------------------------------------------------------
+
+
+def test_a_reply_to_another_job_is_an_error_and_the_worker_is_stopped(matmul):
+    worker = _Worker()
+    try:
+        worker.send.send(_job(1, matmul))  # a job whose reply nobody collected
+        with pytest.raises(_WorkerLost, match=r"out of turn \(job 2 asked, reply 1 received"):
+            worker.ask(_job(2, naive_program(get_workload("matmul").build(8, 8, 8))))
+        assert not worker.alive()
+    finally:
+        worker.stop()
+
+
+def test_an_exception_in_the_caller_mid_job_leaves_no_reply_behind(matmul):
+    def fails(started):
+        raise RuntimeError("the caller failed while the job ran")
+
+    with pytest.raises(RuntimeError, match="the caller failed"):
+        measure(matmul, repeats=3, on_timing=fails, worker=4)
+    other = naive_program(get_workload("matmul").build(8, 8, 8))
+    m = measure(other, repeats=1, worker=4)
+    # Not the reply to the job above (3 times, another program) stamped with this hash.
+    assert m.correct is True and len(m.times) == 1 and m.info["program_hash"] == other.hash()
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, 0, -1.0, 1e300, "5", None])
+def test_bad_timeouts_are_refused_before_anything_runs(matmul, bad):
+    with pytest.raises(ValueError, match="timeout"):
+        measure(matmul, timeout_s=bad)
+    assert check_timeout(2) == 2.0
+
+
+# ---- what the check catches -------------------------------------------------------------------
+
+
+def test_an_intermediate_read_before_it_is_written_fails_the_check():
+    # mm_exp_mm without C's init accumulates into whatever C held. Fresh memory of this size
+    # comes zeroed from the system, so without the NaN fill this program passed.
+    prog = naive_program(get_workload("mm_exp_mm").build(64, 4, 1024, 4))
+    assert prog.block("C.init")
+    no_init = prog.with_body(prog.body[1:])
+    m = measure(no_init, repeats=1)
+    assert m.correct is False and m.error is None and "elements off" in m.check_message
+    assert m.error_kind == DETERMINISTIC
+
+
+def test_cached_inputs_and_expected_outputs_a_kernel_wrote_into_are_dropped(matmul):
+    # In the worker the check runs after every candidate; here, on this process's cache.
+    ref = _reference_for(matmul, seed=12345)
+    assert ref.intact() and _drop_damaged_references() == 0
+    ref.expected["C"][3, 5] += 1.0  # what a stray store past some array's end could do
+    assert not ref.intact()
+    assert _drop_damaged_references() == 1
+    assert _reference_for(matmul, seed=12345) is not ref  # rebuilt
+
+
+WATCHED = """
+import os, sys, threading, time
+from eqsched.runner import _watch_parent
+
+parent, hang_up = int(sys.argv[1]), sys.argv[2] == "hang-up"
+requests, writer = os.pipe()
+threading.Thread(target=_watch_parent, args=(parent, requests), daemon=True).start()
+if hang_up:
+    os.close(writer)
+time.sleep(30)
+print("the watchdog let it live")
+"""
+
+
+@pytest.mark.parametrize("how", ["hang-up", "reparented"])
+def test_the_watchdog_ends_a_worker_whose_parent_is_gone(how):
+    # Behind the parent-death signal (Linux only, and tied to a thread): a closed request pipe,
+    # or a parent process id that is no longer the one the worker was started by.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    parent = os.getpid() if how == "hang-up" else 1 << 22  # no process has that id
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", WATCHED, str(parent), how], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "let it live" not in done.stdout, done
+    assert time.monotonic() - started < 25

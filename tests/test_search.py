@@ -173,6 +173,34 @@ def test_mutants_are_members_that_compute_the_right_result(space):
     assert checked == 5
 
 
+def test_a_crossover_child_is_one_parent_with_a_shared_statement_of_the_other():
+    chain = build_space(naive_program(get_workload("mm_exp_mm").build(8, 16, 8, 16)),
+                        default_rules())
+    search = EvolutionarySearch(chain, FewestScalarIterations(), seed=6)
+    comp = chain.naive.computation
+    inputs = random_inputs(comp, 0)
+    expected = reference(comp, inputs)
+    a = search.random_candidate()
+    b = search.mutate(a)  # a sibling: the same statements, one choice apart
+    while b.hash == a.hash:
+        b = search.mutate(b)
+    mixed = 0
+    for _ in range(40):
+        child = search.crossover(a, b)
+        if child is None or child.hash in (a.hash, b.hash):
+            continue
+        assert chain.contains(child.term, child.sizes)
+        took = [all(child.picks.get(slot) == b.picks[slot] for slot in slots)
+                for slots, _ in b.statements]
+        assert any(took)
+        if mixed < 3:
+            outputs = compile_program(child.program).run(inputs)
+            ok, _, message = compare(outputs, expected, tolerance(comp))
+            assert ok, message
+        mixed += 1
+    assert mixed >= 3
+
+
 def test_a_candidate_carries_its_trace_derived_once(space, monkeypatch):
     import eqsched.extract.search as search_module
 

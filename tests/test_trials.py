@@ -2,6 +2,7 @@
 is stored under; the gate that holds the search while a candidate is timed."""
 
 import dataclasses
+import math
 import threading
 
 import pytest
@@ -85,6 +86,15 @@ def test_a_measurement_is_stored_and_looked_up_under_its_target(db, naive, candi
 def test_an_unknown_target_is_refused_by_the_settings():
     with pytest.raises(TargetError, match="LLVM knows no x86 CPU"):
         Settings(target="nosuchcpu")
+
+
+def test_a_timeout_or_memory_cap_the_worker_cannot_use_is_refused_by_the_settings():
+    for bad in (math.inf, math.nan, 0, -5):
+        with pytest.raises(ValueError, match="timeout must be"):
+            Settings(timeout_s=bad)
+    with pytest.raises(ValueError, match="max memory must be at least"):
+        Settings(max_memory=1 << 20)
+    assert Settings(max_memory=1 << 30).max_memory == 1 << 30
 
 
 def test_a_candidate_whose_trace_cannot_be_derived_is_recorded_as_an_error(db, naive, candidate,

@@ -131,8 +131,12 @@ class Kernel:
                                 seg.parallel_extent))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run on named inputs into fresh, aligned outputs, returned by name. Outputs start as
-        NaN, so a point the kernel never writes cannot pass a comparison."""
+        """Run on named inputs into fresh, aligned outputs, returned by name. Outputs and
+        intermediates start as NaN, so a point the kernel never writes, or reads before writing,
+        cannot pass a comparison (fresh memory is often zero: an accumulator whose init was
+        lost would pass)."""
+        for intermediate in self._intermediates:
+            intermediate.fill(np.nan)
         outputs = {}
         for b in self.program.outputs:
             outputs[b.name] = aligned_empty(b.shape)

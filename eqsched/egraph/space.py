@@ -9,7 +9,8 @@ an unroll piece at most 16 iterations (`term.extent_allowed`).
 A group's size assignments are the ordered factorizations of its extent down the split tree its
 paths form, plus, at the top split of the whole extent, the splits that leave a remainder (an
 inner tile from `term.remainder_tiles`, the outermost piece its ceiling); a pack factor is a
-divisor > 1 of the packed dimension or a padded panel width (`term.pack_factors`). Each
+divisor > 1 of the packed dimension or a padded panel width (`term.pack_factors`), but not
+the whole innermost dimension (that panel is the buffer's own layout). Each
 assignment satisfies
 some of the group's *limits* (piece p in vector lanes, piece p unrollable); the assignments that
 satisfy the same ones form a *profile*. A group has few profiles (matmul 1024³: 11, 16 and 3, of
@@ -563,8 +564,13 @@ class Space:
         buffer = group.removeprefix("pack:")
         if len(dims) != 1:
             raise SpaceError(f"{buffer} is packed along several dimensions {sorted(dims)}")
-        extent = self.naive.buffer(buffer).shape[dims.pop()]
-        return [{"": f} for f in pack_factors(extent)]
+        dim = dims.pop()
+        shape = self.naive.buffer(buffer).shape
+        extent = shape[dim]
+        # One panel as wide as the innermost dimension is the buffer's own layout: a copy that
+        # buys nothing.
+        same_layout = extent if dim == len(shape) - 1 else None
+        return [{"": f} for f in pack_factors(extent) if f != same_layout]
 
     def _split_tree(self, group: str, paths: Iterable[str],
                     complete: bool = False) -> dict[str, list[str]]:

@@ -17,7 +17,9 @@ override keys. A key given a list is crossed with the others:
     cost_model = ["analytic", "random"]        # 2 sizes x 2 models = 4 explorations
 
 Keys: trials, seconds, seed, batch, threads, repeats, rules (a spec like "-pack"), cost_model,
-target (like "host,-avx512f"; `--target` sets it for a suite that does not). A target LLVM does
+target (like "host,-avx512f"; `--target` sets it for a suite that does not), max_memory (the
+measuring worker's memory cap, like "8G" or "50%"; `--max-memory` sets it for a suite that does
+not; it does not tell two runs apart). A target LLVM does
 not know, or one this machine cannot run, fails the whole suite before any job starts.
 Every exploration writes to one SQLite database (it takes concurrent writers). An exploration
 whose run already finished in the database is not run again; an interrupted one is re-run and
@@ -48,13 +50,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..args import TARGET_HELP, CliError
+from ..args import MEMORY_HELP, TARGET_HELP, CliError, max_memory_arg, max_memory_bytes
 from ..backend.target import HOST
 
 CONFIG_KEYS = {"trials": int, "seconds": (int, float), "seed": int, "batch": int,
-               "threads": int, "repeats": int, "rules": str, "cost_model": str, "target": str}
+               "threads": int, "repeats": int, "rules": str, "cost_model": str, "target": str,
+               "max_memory": (int, str)}
 DEFAULTS = {"trials": 64, "seconds": None, "seed": 0, "batch": 16, "threads": None,
-            "repeats": 10, "rules": None, "cost_model": "learned", "target": "host"}
+            "repeats": 10, "rules": None, "cost_model": "learned", "target": "host",
+            "max_memory": None}
 
 
 class BatchError(ValueError):
@@ -82,8 +86,10 @@ class Suite:
     jobs: list[Job]
 
     @classmethod
-    def load(cls, path: str | Path, target: str = "host") -> Suite:
-        """The suite in the TOML file at `path`; `target` for jobs that set none."""
+    def load(cls, path: str | Path, target: str = "host", max_memory: int | None = None
+             ) -> Suite:
+        """The suite in the TOML file at `path`; `target` and `max_memory` for jobs that set
+        none."""
         try:
             text = Path(path).read_text()
         except OSError as e:
@@ -92,14 +98,16 @@ class Suite:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise BatchError(f"{path}: not valid TOML ({e})") from None
-        return cls.from_dict(data, str(path), target)
+        return cls.from_dict(data, str(path), target, max_memory)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "<suite>",
-                  target: str = "host") -> Suite:
+                  target: str = "host", max_memory: int | None = None) -> Suite:
         from ..workloads import get_workload
 
         base = {**DEFAULTS, **_config({"target": target}, f"{where} (the batch's target)")}
+        if max_memory is not None:
+            base.update(_config({"max_memory": max_memory}, f"{where} (the batch's max memory)"))
         unknown = set(data) - {"defaults", "explore"}
         if unknown:
             raise BatchError(f"{where}: unknown section {sorted(unknown)[0]!r} (use [defaults] "
@@ -181,6 +189,12 @@ def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
             except TargetError as e:
                 raise BatchError(f"{at}: {e}") from None
             value = [t.spec for t in specs] if isinstance(value, list) else specs[0].spec
+        if key == "max_memory":  # in bytes, so that 8G and 8192M are one job
+            try:
+                caps = [max_memory_bytes(v) for v in values]
+            except ValueError as e:
+                raise BatchError(f"{at}: {e}") from None
+            value = caps if isinstance(value, list) else caps[0]
         out[key] = value
     return out
 
@@ -197,7 +211,10 @@ def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
     c = job.settings()
     if not Path(db_path).exists():
         return None
+    # The memory cap only decides whether a too-large candidate fails (transiently): a run
+    # finished under another cap is this job's.
     settings = asdict(Settings(repeats=c["repeats"], threads=c["threads"], target=c["target"]))
+    settings.pop("max_memory")
     budget = {"trials": c["trials"], "seconds": c["seconds"], "batch": c["batch"]}
     rules = [r.name for r in resolve(c["rules"])]
     with Database(db_path, readonly=True) as db:
@@ -210,9 +227,12 @@ def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
 
 
 def _config_of(run: dict) -> Any:
-    """A run's measurement settings; runs stored before targets were compiled for the host."""
+    """A run's measurement settings but its memory cap; runs stored before targets were compiled
+    for the host."""
     config = run["config"]
-    return {"target": HOST, **config} if isinstance(config, dict) else config
+    if not isinstance(config, dict):
+        return config
+    return {"target": HOST, **{k: v for k, v in config.items() if k != "max_memory"}}
 
 
 def run_job(job: Job, db_path: str) -> dict[str, Any]:
@@ -230,7 +250,7 @@ def run_job(job: Job, db_path: str) -> dict[str, Any]:
                          db=db_path, seed=c["seed"], cost_model=c["cost_model"],
                          rules=c["rules"], batch=c["batch"],
                          settings=Settings(repeats=c["repeats"], threads=c["threads"],
-                                           target=c["target"]))
+                                           target=c["target"], max_memory=c["max_memory"]))
     except KeyboardInterrupt:
         return _row(job, "interrupted", {}, note="interrupted while setting up")
     except Exception as e:  # recorded in the table; the other jobs go on
@@ -419,6 +439,8 @@ def add_parser(sub: Any) -> None:
                                          "the running cluster; else a local one)")
     p.add_argument("--target", default="host",
                    help=TARGET_HELP + "; for the jobs whose suite sets no target")
+    p.add_argument("--max-memory", type=max_memory_arg,
+                   help=MEMORY_HELP + "; for the jobs whose suite sets none")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=_cmd_batch)
 
@@ -427,7 +449,7 @@ def _cmd_batch(args: Any) -> int:
     from ..db import DatabaseError
 
     try:
-        suite = Suite.load(args.suite, args.target)
+        suite = Suite.load(args.suite, args.target, args.max_memory)
         print(f"eqsched: {len(suite.jobs)} explorations from {args.suite}", file=sys.stderr)
 
         def show(event: str, row: dict[str, Any]) -> None:
