@@ -134,8 +134,8 @@ class Record:
     created_at: float = 0.0
     machine_fp: str = ""  # the measuring machine's fingerprint
     target: str = HOST  # the target the program was compiled for (backend.Target.spec)
-    # "transient" or "deterministic" when there is an error; `add` classifies the error's text
-    # (`error_kind`) when it is None.
+    # "transient" or "deterministic" when there is an error (runner.Measurement.error_kind);
+    # `add` classifies the error's text (`error_kind`) when it is None.
     error_kind: str | None = None
     # The settings that decided the outcome ({name: value} of MEASUREMENT_SETTINGS for explore's
     # measurements): part of the lookup key.

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .backend import CompileOptions, Target
-from .db import MEASUREMENT_SETTINGS, Database, Record, error_kind
+from .db import MEASUREMENT_SETTINGS, Database, Record
 from .egraph.derive import DeriveError
 from .egraph.term import Sizes, Term, show
 from .ir import LoopKind, Program
@@ -97,16 +97,7 @@ def record_of(workload: str, size: list[int], key: str, term: Term, sizes: Sizes
         workload=workload, size=list(size), program_hash=key, structure=show(term),
         sizes={f"{g}|{p}": e for (g, p), e in sizes.items()}, trace=trace, times=m.times,
         median_s=m.median_s, gflops=m.gflops, correct=m.correct, error=error,
-        error_kind=error_kind_of(m, error), target=settings.target, settings=settings.outcome(),
-        **more)
-
-
-def error_kind_of(m: Measurement, error: str | None) -> str | None:
-    """The kind (`db.ERROR_KINDS`) of `error`, the error recorded for `m`: the one the runner
-    gave the measurement (`Measurement.error_kind`, where the runner has the field) for its own
-    error, else read from the text (`db.error_kind`)."""
-    declared = getattr(m, "error_kind", None) if error == m.error else None
-    return error_kind(error, declared)
+        error_kind=m.error_kind, target=settings.target, settings=settings.outcome(), **more)
 
 
 def measurement_key(prog: Program, settings: Settings) -> str:
@@ -206,7 +197,7 @@ class Measurer:
                             program_hash=self.naive.hash(), structure="naive", sizes={}, trace=[],
                             times=m.times, median_s=m.median_s, gflops=m.gflops,
                             correct=m.correct, error=m.error,
-                            error_kind=error_kind_of(m, m.error), run_id=self.run_id,
+                            error_kind=m.error_kind, run_id=self.run_id,
                             target=naive.target, settings=naive.outcome())
             self.database.add(stored)
         return stored.median_s if stored.correct else None
