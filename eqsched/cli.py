@@ -7,12 +7,15 @@
     eqsched explore matmul --size 512,512,512 --trials 64 [--db eqsched.db] [--seed 0] [--json]
     eqsched explore matmul --target host,-avx512f      # compile for AVX2 (also run, space, batch)
     eqsched batch suite.toml [--jobs 2] [--db eqsched.db] [--executor ray]
+    eqsched runs [--db eqsched.db] [--json]            # every run and its status
     eqsched report --db eqsched.db --out report/
     eqsched rules list | eqsched rules check RULE
     eqsched experiment compare|distribution|ranking WORKLOAD ...
 
 Every failure prints one line, `eqsched: error: ...`, on stderr and exits with status 2; a program
-that runs but computes a wrong result exits with status 1.
+that runs but computes a wrong result exits with status 1. SIGTERM is handled like Ctrl-C: an
+exploration or batch stops after the measurement in progress, keeps what it measured, marks its
+run interrupted and exits with status 130.
 
 See docs/ARCHITECTURE.md §14 Layering.
 """
@@ -20,10 +23,16 @@ See docs/ARCHITECTURE.md §14 Layering.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
+import os
 import resource
+import signal
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any, NoReturn
 
 from . import machine
@@ -39,6 +48,7 @@ from .args import (
 )
 from .backend import BackendError, CompileOptions
 from .egraph.dot import write_dot
+from .egraph.saturate import SaturationError
 from .egraph.space import Space, SpaceError, rule_contributions
 from .ir import LoopKind, Program, naive_program
 from .machine_model import CalibrationError, cache_path, machine_model, recalibrate
@@ -145,6 +155,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="write the best program's trace (replay with `eqsched run --schedule`)")
     exp.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
+    runs = sub.add_parser("runs", help="list a database's runs and their status (an exploration "
+                                       "whose process is gone shows as abandoned)")
+    runs.add_argument("--db", default="eqsched.db", help="SQLite results database (default "
+                                                         "eqsched.db)")
+    runs.add_argument("--json", action="store_true", help="print a JSON list")
     for tool in TOOLS:
         tool.add_parser(sub)
     experiment.add_parser(sub, EXPERIMENTS)
@@ -411,7 +426,7 @@ def _progress_printer(stream: Any) -> Any:
 
 def _cmd_explore(args: argparse.Namespace) -> int:
     from .db import DatabaseError
-    from .explore import Settings, explore
+    from .explore import ExploreError, Settings, explore
     from .extract.cost import CostModelError
     from .rules import RuleError
 
@@ -426,20 +441,21 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     settings = Settings(repeats=args.repeats, timeout_s=args.timeout, threads=args.threads,
                         max_memory=args.max_memory,
                         target=parse_target(args.target))
+    if args.save_trace:
+        _check_writable(Path(args.save_trace))
     try:
         result = explore(wl.name, size, trials=args.trials, seconds=args.seconds, db=args.db,
                          seed=args.seed, cost_model=args.cost_model, rules=rules,
                          limits=parse_limits(args.limits), batch=args.batch, jobs=args.jobs,
                          settings=settings, progress=_progress_printer(sys.stderr))
-    except (DatabaseError, CostModelError, RuleError) as err:
+    except (DatabaseError, CostModelError, RuleError, ExploreError) as err:
         raise CliError(str(err)) from None
     if sys.stderr.isatty():
         print(file=sys.stderr)
     out = result.to_json()
-    if args.save_trace and result.best_trace:
-        from .schedule import save_trace
-
-        save_trace(args.save_trace, result.best_trace, workload=wl.name, size=list(size))
+    if args.save_trace and result.best is not None:  # the naive program's trace is []
+        _save_checked_trace(Path(args.save_trace), result.best_trace, wl, size,
+                            result.best.program_hash)
         out["trace_file"] = args.save_trace
     if args.json:
         print(json.dumps(out))
@@ -453,6 +469,40 @@ def _cmd_explore(args: argparse.Namespace) -> int:
         raise CliError(f"no correct program found in {out['trials']} trials (errors are in "
                        f"{args.db})")
     return 0
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a file that cannot be written before an exploration, not after it: opened for
+    appending (which changes nothing in a file that is there), then removed if it was not."""
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise CliError(f"cannot write the trace to {path} ({e.strerror})") from None
+    if not existed:
+        path.unlink()
+
+
+def _save_checked_trace(path: Path, trace: list[dict], wl: Workload, size: tuple[int, ...],
+                        measured_hash: str) -> None:
+    """Save the best program's trace at `path` only once the saved file, read back and replayed
+    on the naive program, gives the measured program (`measured_hash`)."""
+    from .schedule import save_trace
+
+    written = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_trace(written, trace, workload=wl.name, size=list(size))
+        steps, _ = load_trace(written)
+        rebuilt = Schedule.replay(naive_program(wl.build(*size)), steps).program.hash()
+        if rebuilt != measured_hash:
+            raise CliError(f"the saved trace rebuilds program {rebuilt}, not the measured "
+                           f"{measured_hash}; {path} not written")
+        os.replace(written, path)
+    except OSError as e:
+        raise CliError(f"cannot write the trace to {path} ({e.strerror})") from None
+    finally:
+        written.unlink(missing_ok=True)
 
 
 def _print_exploration(r: dict[str, Any]) -> None:
@@ -480,20 +530,65 @@ def _print_exploration(r: dict[str, Any]) -> None:
         print(f"trace: {json.dumps(r['trace'])}")
 
 
+# ---- eqsched runs ---------------------------------------------------------------------------
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from .db import Database, DatabaseError
+
+    try:
+        with Database(args.db, readonly=True) as db:
+            runs = db.runs()
+    except DatabaseError as err:
+        raise CliError(str(err)) from None
+    if args.json:
+        print(json.dumps(runs))
+        return 0
+    table = [("run", "problem", "status", "trials", "measured", "best GFLOPS", "started",
+              "process")]
+    for run in runs:
+        summary = run["summary"]
+        best = summary.get("best_gflops")
+        table.append((
+            str(run["id"]), f"{run['workload']} {','.join(map(str, run['size']))}",
+            run["status"], str(summary.get("trials", "-")), str(summary.get("measured", "-")),
+            f"{best:.4g}" if best else "-",
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(run["started_at"])),
+            f"{run['pid']}@{run['host']}" if run["pid"] is not None else "-"))
+    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
 COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machine,
-            "space": _cmd_space, "explore": _cmd_explore}
+            "space": _cmd_space, "explore": _cmd_explore, "runs": _cmd_runs}
 # Research tools keep their subcommand beside their code: each module's `add_parser(sub)` adds
 # one subparser whose `run` default takes the parsed arguments and returns the exit status.
 TOOLS = (batch, report, rulekit)
 EXPERIMENTS = (compare, distribution, ranking)  # under `eqsched experiment`
 
 
+def _terminate_like_ctrl_c(signum: int, frame: Any) -> None:
+    """SIGTERM handler: what Ctrl-C does. The terminal sends SIGINT to the whole process group,
+    so batch's pool processes get it too (each stops its exploration); SIGTERM reaches only this
+    process, which passes SIGINT on to them. Measuring workers ignore SIGINT either way."""
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGINT)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Signal handlers can only be set from the main thread (main() called from another thread
+    # keeps the default).
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate_like_ctrl_c) if in_main_thread else None
     try:
         return COMMANDS[args.command](args) if args.command in COMMANDS else args.run(args)
     except (CliError, WorkloadError, ScheduleError, BackendError, SpaceError,
-            CalibrationError) as err:
+            CalibrationError, SaturationError) as err:
         message = str(err).strip().splitlines()
         print(f"eqsched: error: {message[0] if message else type(err).__name__}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -501,4 +596,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as err:  # a bug, still reported in one line rather than a traceback
         print(f"eqsched: error: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+    except BaseException as err:
+        # A Rust panic (pyo3's PanicException) is a BaseException that no `except Exception`
+        # stops; anything else (SystemExit) goes on.
+        if type(err).__name__ != "PanicException":
+            raise
+        message = str(err).strip().splitlines()
+        print(f"eqsched: error: internal error: a library panicked: "
+              f"{message[0] if message else 'no message'}", file=sys.stderr)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return EXIT_ERROR

@@ -17,9 +17,18 @@ target (the host unless told).
         db.finish_run(run, status="done", summary={"best_s": db.best("matmul", [512] * 3).median_s})
         db.lookup("matmul", [512, 512, 512], prog.hash(), target="host,-avx512f")  # another target
 
-A database of schema version 1 (before targets) is migrated when opened for writing: its
-measurements were compiled for the host, so they get the target "host". Opened read-only, it is
-read as if migrated.
+A measurement's error has a kind (`error_kind`): "transient" (a timeout, a dead worker, out of
+memory, an interrupt: it may not happen again) or "deterministic" (a compile error, a wrong result,
+an illegal program: it will). `lookup` never answers with a transient failure, and `add` replaces
+one, so a rerun measures those programs again. The lookup key holds the measurement settings that
+decide an outcome (`Record.settings`, the `MEASUREMENT_SETTINGS` of `trials.Settings`). A run
+records the process that runs it (pid, host, start time): `runs` shows a `running` run whose process
+is gone as `abandoned`.
+
+Older databases are migrated when opened for writing and read as if migrated when opened
+read-only (the file is not touched): version 1 (before targets) was compiled for the host; before
+version 3 errors had no kind (those not clearly deterministic are taken as transient), measurements
+no settings (they are their run's, as its config recorded them) and runs no process.
 
 See docs/ARCHITECTURE.md §12 The database.
 """
@@ -32,6 +41,8 @@ import hashlib
 import json
 import operator
 import os
+import re
+import socket
 import sqlite3
 import threading
 import time
@@ -43,8 +54,16 @@ from typing import Any
 from . import machine
 from .backend.target import HOST
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RUN_STATUSES = ("done", "interrupted", "failed")
+# What `runs` shows for a run still marked running whose process is gone (killed, crashed, its
+# machine rebooted); it is never stored, and a batch re-runs it like an interrupted one.
+ABANDONED = "abandoned"
+ERROR_KINDS = ("transient", "deterministic")
+# The fields of `trials.Settings` that decide a measurement's outcome besides the target and the
+# thread count (both in the key already): the inputs checked against, and how many runs are
+# timed. The timeout is not one: a success does not depend on it and a timeout is transient.
+MEASUREMENT_SETTINGS = ("input_seed", "min_repeats", "repeats", "time_budget_s", "warmup")
 
 _APP = "eqsched"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -52,21 +71,23 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _BUSY_TIMEOUT_S = 60.0
 
 _UNIQUE_MEASUREMENT = ("CREATE UNIQUE INDEX measurements_once ON measurements "
-                       "(key, program_hash, machine_fp, target)")
+                       "(key, program_hash, machine_fp, target, settings)")
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE runs (
         id INTEGER PRIMARY KEY, workload TEXT NOT NULL, size TEXT NOT NULL, key TEXT NOT NULL,
         seed INTEGER, budget TEXT NOT NULL, rules TEXT NOT NULL, cost_model TEXT NOT NULL,
         machine TEXT NOT NULL, versions TEXT NOT NULL, config TEXT NOT NULL,
-        started_at REAL NOT NULL, finished_at REAL, status TEXT NOT NULL, summary TEXT NOT NULL)""",
+        started_at REAL NOT NULL, finished_at REAL, status TEXT NOT NULL, summary TEXT NOT NULL,
+        pid INTEGER, host TEXT, process TEXT)""",
     "CREATE INDEX runs_by_key ON runs (key)",
     """CREATE TABLE measurements (
         id INTEGER PRIMARY KEY, run_id INTEGER REFERENCES runs (id), key TEXT NOT NULL,
         program_hash TEXT NOT NULL, machine_fp TEXT NOT NULL, structure TEXT NOT NULL,
         sizes TEXT NOT NULL, trace TEXT NOT NULL, times TEXT NOT NULL, median_s REAL,
         gflops REAL, correct INTEGER, error TEXT, predicted_s REAL, round INTEGER,
-        created_at REAL NOT NULL, target TEXT NOT NULL DEFAULT 'host')""",
+        created_at REAL NOT NULL, target TEXT NOT NULL DEFAULT 'host', error_kind TEXT,
+        settings TEXT NOT NULL DEFAULT '{}')""",
     _UNIQUE_MEASUREMENT,
 )
 _TABLES = ("meta", "measurements", "runs")
@@ -79,12 +100,13 @@ _DERIVED_SCHEMA = """CREATE TABLE IF NOT EXISTS derived (
     value TEXT NOT NULL, PRIMARY KEY (measurement_id, key))"""
 
 _RUN_COLUMNS = ("workload", "size", "key", "seed", "budget", "rules", "cost_model", "machine",
-                "versions", "config", "started_at", "finished_at", "status", "summary")
+                "versions", "config", "started_at", "finished_at", "status", "summary", "pid",
+                "host", "process")
 _RUN_JSON = ("size", "budget", "rules", "machine", "versions", "config", "summary")
 _MEASUREMENT_COLUMNS = ("run_id", "key", "program_hash", "machine_fp", "structure", "sizes",
                         "trace", "times", "median_s", "gflops", "correct", "error", "predicted_s",
-                        "round", "created_at", "target")
-_MEASUREMENT_JSON = ("sizes", "trace", "times")
+                        "round", "created_at", "target", "error_kind", "settings")
+_MEASUREMENT_JSON = ("sizes", "trace", "times", "settings")
 
 
 class DatabaseError(ValueError):
@@ -112,6 +134,12 @@ class Record:
     created_at: float = 0.0
     machine_fp: str = ""  # the measuring machine's fingerprint
     target: str = HOST  # the target the program was compiled for (backend.Target.spec)
+    # "transient" or "deterministic" when there is an error (runner.Measurement.error_kind);
+    # `add` classifies the error's text (`error_kind`) when it is None.
+    error_kind: str | None = None
+    # The settings that decided the outcome ({name: value} of MEASUREMENT_SETTINGS for explore's
+    # measurements): part of the lookup key.
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def workload_key(workload: str, size: Sequence[int]) -> str:
@@ -131,6 +159,91 @@ def workload_key(workload: str, size: Sequence[int]) -> str:
 def _split_key(key: str) -> tuple[str, list[int]]:
     workload, dims = key.rsplit("/", 1)
     return workload, [int(d) for d in dims.split("x")] if dims else []
+
+
+# How runner.measure and trials word a failure that may not recur: a timeout, a dead worker, no
+# memory, an interrupt; and the exceptions a job raises for such a reason.
+_TRANSIENT_TEXT = ("timed out", "worker process died", "out of memory", "Cannot allocate memory",
+                   "interrupted")
+_TRANSIENT_EXCEPTIONS = ("MemoryError", "OSError", "TimeoutError", "KeyboardInterrupt")
+# An exception the worker caught from one job (compiling, checking or running that program), as
+# runner._serve words it: "BackendError: ... (at lower.py:120)".
+_RAISED_BY_THE_JOB = re.compile(r"(\w+): .* \(at [\w.]+:\d+\)\Z", re.S)
+_DETERMINISTIC_TEXT = ("wrong result", "no replayable trace")
+
+
+def error_kind(error: str | None, declared: str | None = None) -> str | None:
+    """The kind of a measurement's `error`: None without one, `declared` when the measurer said
+    (one of ERROR_KINDS), else read from the text. A wrong result, a candidate without a trace and
+    an exception the job itself raised are deterministic; a timeout, a dead worker, no memory and
+    an interrupt transient, and so is anything not clearly deterministic: measuring it again costs
+    a measurement, trusting it forever may cost the best program."""
+    if error is None:
+        return None
+    if declared is not None:
+        if declared not in ERROR_KINDS:
+            raise ValueError(f"error kind {declared!r} is not one of {', '.join(ERROR_KINDS)}")
+        return declared
+    if error.startswith(_DETERMINISTIC_TEXT):  # trials' own words, whatever the message says
+        return "deterministic"
+    if any(marker in error for marker in _TRANSIENT_TEXT):
+        return "transient"
+    raised = _RAISED_BY_THE_JOB.match(error)
+    if raised and raised.group(1) not in _TRANSIENT_EXCEPTIONS:
+        return "deterministic"
+    return "transient"
+
+
+# How eqsched before schema version 3 measured the naive program (for the speedup), whatever the
+# run's settings: one timed run, no warmup, no time budget.
+_OLD_NAIVE_SETTINGS = {"min_repeats": 1, "repeats": 1, "time_budget_s": None, "warmup": 0}
+
+
+def _old_measurement_settings(config: str | None, structure: str) -> str:
+    """The settings of a measurement stored before version 3: its run's, from the config the run
+    recorded; {} (matching no lookup: measured again) when the run recorded too little."""
+    try:
+        recorded = json.loads(config) if config else None
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict) or not set(MEASUREMENT_SETTINGS) <= set(recorded):
+        return "{}"
+    settings = {name: recorded[name] for name in MEASUREMENT_SETTINGS}
+    if structure == "naive":
+        settings.update(_OLD_NAIVE_SETTINGS)
+    return json.dumps(settings, sort_keys=True)
+
+
+def process_identity(pid: int) -> str | None:
+    """What tells process `pid` from a later one given the same pid: this boot's id and the
+    process's start time (Linux /proc); None when it does not exist, is a zombie, or there is no
+    /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count after its last ')'.
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in "ZX":  # dead, not yet reaped by its parent
+        return None
+    return f"{boot}/{fields[19]}"  # field 22, starttime
+
+
+def _process_gone(pid: int | None, host: str | None, identity: str | None) -> bool:
+    """Whether the process that recorded (pid, host, identity) has certainly ended. A run of
+    another host, or of a database from before runs recorded their process, cannot be told."""
+    if pid is None or host != socket.gethostname():
+        return False
+    if identity is not None:
+        return process_identity(pid) != identity
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone else's process: alive
+        return False
+    return False
 
 
 def machine_fingerprint() -> str:
@@ -177,6 +290,7 @@ class Database:
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode = WAL")
                 self._conn.execute(_DERIVED_SCHEMA)
+                self._check_writable()
         except (sqlite3.Error, UnicodeDecodeError) as e:
             self._conn.close()
             raise DatabaseError(f"{self.path}: cannot open it ({e})") from None
@@ -219,7 +333,21 @@ class Database:
             raise DatabaseError(f"cannot open {self.path} ({e})") from None
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA foreign_keys = ON")
+        # What migrating an old database computes (and a read-only one's views).
+        conn.create_function("eqsched_error_kind", 1, error_kind, deterministic=True)
+        conn.create_function("eqsched_old_settings", 2, _old_measurement_settings,
+                             deterministic=True)
         return conn
+
+    def _check_writable(self) -> None:
+        """Commit a write now, so that a read-only file or directory, or a full disk, is found
+        when the database is opened, not after an exploration's saturation."""
+        try:
+            with self._transaction():
+                self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES "
+                                   "('last_opened_for_writing', ?)", (repr(time.time()),))
+        except sqlite3.Error as e:
+            raise DatabaseError(f"{self.path}: cannot write to it ({e})") from None
 
     def _check_integrity(self) -> None:
         damaged = f"{self.path} is corrupt or truncated"
@@ -228,6 +356,14 @@ class Database:
         try:
             problems = [row[0] for row in self._conn.execute("PRAGMA quick_check")]
             page_size = self._conn.execute("PRAGMA page_size").fetchone()[0]
+        except sqlite3.OperationalError as e:
+            # Not the file's fault: it cannot be read or its companions (-wal, -shm) written
+            # (a full disk, a file size limit, a read-only directory).
+            where = self.path.resolve().parent
+            hint = "" if os.access(where, os.W_OK) else (
+                f"; {where} is not writable, and SQLite writes a WAL database's -shm file "
+                f"beside it even to read")
+            raise DatabaseError(f"{self.path}: cannot open it ({e}{hint})") from None
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
             # A damaged schema can put arbitrary bytes into SQLite's error message too.
             raise DatabaseError(f"{damaged} ({e})") from None
@@ -276,8 +412,8 @@ class Database:
         missing = sorted(set(_TABLES) - set(tables))
         if missing:
             raise DatabaseError(f"{self.path} is damaged: table {', '.join(missing)} is missing")
-        if int(version) == 1:
-            self._migrate_from_version_1()
+        if int(version) < SCHEMA_VERSION:
+            self._migrate(int(version))
         for table, columns in (("runs", _RUN_COLUMNS), ("measurements", _MEASUREMENT_COLUMNS)):
             present = {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
             lacking = [c for c in ("id", *columns) if c not in present]
@@ -285,23 +421,43 @@ class Database:
                 raise DatabaseError(f"{self.path} is damaged: table {table} lacks column "
                                     f"{', '.join(lacking)}")
 
-    def _migrate_from_version_1(self) -> None:
-        """Version 1 had no target: its measurements were compiled for the host. The target
-        joins the record's identity (one program measured for two targets is two records)."""
+    def _migrate(self, version: int) -> None:
+        """Bring a database of an older schema `version` to this one. Version 2 added the target
+        (version 1's measurements were compiled for the host; the target joins the record's
+        identity); version 3 the error's kind, the measurement's settings (also in the
+        identity) and the run's process."""
+        added = {"measurements": [], "runs": []}  # (column, its value in an old row)
+        if version < 2:
+            added["measurements"].append(("target TEXT NOT NULL DEFAULT 'host'", f"'{HOST}'"))
+        if version < 3:
+            added["measurements"] += [
+                ("error_kind TEXT", "eqsched_error_kind(error)"),
+                ("settings TEXT NOT NULL DEFAULT '{}'",
+                 "eqsched_old_settings((SELECT config FROM main.runs WHERE main.runs.id = "
+                 "run_id), structure)")]
+            added["runs"] += [("pid INTEGER", "NULL"), ("host TEXT", "NULL"),
+                              ("process TEXT", "NULL")]
         if self.readonly:
-            # A temporary view shadows the table for this connection only; the file is not
+            # Temporary views shadow the tables for this connection only; the file is not
             # touched.
-            self._conn.execute("CREATE TEMP VIEW measurements AS SELECT *, "
-                               f"'{HOST}' AS target FROM main.measurements")
+            for table, columns in added.items():
+                if columns:
+                    values = ", ".join(f"{value} AS {column.split()[0]}"
+                                       for column, value in columns)
+                    self._conn.execute(f"CREATE TEMP VIEW {table} AS SELECT *, {values} "
+                                       f"FROM main.{table}")
             return
         with self._transaction():
             # Another process may have migrated it while this one waited for the lock.
-            version = self._conn.execute(
+            stored = self._conn.execute(
                 "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
-            if str(version) != "1":
+            if str(stored) != str(version):
                 return
-            self._conn.execute("ALTER TABLE measurements ADD COLUMN "
-                               f"target TEXT NOT NULL DEFAULT '{HOST}'")
+            for table, columns in added.items():
+                for column, value in columns:
+                    name = column.split()[0]
+                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+                    self._conn.execute(f"UPDATE {table} SET {name} = {value}")
             self._conn.execute("DROP INDEX IF EXISTS measurements_once")
             self._conn.execute(_UNIQUE_MEASUREMENT)
             self._conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
@@ -340,11 +496,14 @@ class Database:
     def start_run(self, *, workload: str, size: Sequence[int], seed: int | None,
                   budget: dict, rules: list[str], cost_model: str, machine: dict,
                   versions: dict, config: dict | None = None) -> int:
-        """Record the start of an exploration run; returns its id for `Record.run_id`."""
+        """Record the start of an exploration run by this process; returns its id for
+        `Record.run_id`."""
+        pid = os.getpid()
         run = {"workload": workload, "size": list(size), "seed": seed, "budget": budget,
                "rules": rules, "cost_model": cost_model, "machine": machine,
                "versions": versions, "config": config, "started_at": time.time(),
-               "finished_at": None, "status": "running", "summary": {}}
+               "finished_at": None, "status": "running", "summary": {}, "pid": pid,
+               "host": socket.gethostname(), "process": process_identity(pid)}
         self._writable()
         with self._sql("start_run") as conn:
             return self._insert_run(conn, run)
@@ -377,11 +536,18 @@ class Database:
 
     def runs(self, workload: str | None = None, size: Sequence[int] | None = None) -> list[dict]:
         """Runs (oldest first) as dicts: id, workload, size, seed, budget, rules, cost_model,
-        machine, versions, config, started_at, finished_at, status, summary."""
+        machine, versions, config, started_at, finished_at, status, summary, and the pid, host
+        and process identity of the process that ran it. A `running` run whose process is gone
+        has the status ABANDONED."""
         where, params = self._where_workload(workload, size)
         with self._sql("reading runs") as conn:
             rows = conn.execute(f"SELECT * FROM runs {where} ORDER BY id", params).fetchall()
-        return self._decode(rows, self._run_dict)
+        runs = self._decode(rows, self._run_dict)
+        for run in runs:
+            if run["status"] == "running" and _process_gone(run["pid"], run["host"],
+                                                            run["process"]):
+                run["status"] = ABANDONED
+        return runs
 
     @staticmethod
     def _run_dict(row: sqlite3.Row) -> dict:
@@ -406,16 +572,30 @@ class Database:
 
     def add(self, record: Record) -> bool:
         """Store a measurement, committed at once. A program this machine (the record's
-        `machine_fp`) already measured for the workload and the record's target is kept as it
-        was: returns False."""
+        `machine_fp`) already measured for the workload, the record's target and its settings
+        is kept as it was (returns False), unless that measurement is a transient failure and
+        this record is not: then this one replaces it."""
         self._writable()
-        with self._sql("add") as conn:
+        with self._sql("add") as conn, self._transaction():
             return self._insert_record(conn, record)
 
     def _insert_record(self, conn: sqlite3.Connection, record: Record) -> bool:
+        """Insert `record` (in the caller's transaction) unless its program is stored for the
+        same machine, target and settings; a stored transient failure gives way to a record
+        that is not one (importing a file twice adds nothing the second time)."""
         record.size = [operator.index(d) for d in record.size]
         record.created_at = record.created_at or time.time()
         record.machine_fp = record.machine_fp or self.machine_fp
+        record.error_kind = error_kind(record.error, record.error_kind)
+        identity = [workload_key(record.workload, record.size), record.program_hash,
+                    record.machine_fp, record.target,
+                    _json(record.settings, f"record {record.program_hash}: settings")]
+        transient = ("FROM measurements WHERE key = ? AND program_hash = ? AND machine_fp = ? "
+                     "AND target = ? AND settings = ? AND error_kind = 'transient'")
+        if record.error_kind != "transient":
+            conn.execute(f"DELETE FROM derived WHERE measurement_id IN (SELECT id {transient})",
+                         identity)
+            conn.execute(f"DELETE {transient}", identity)
         values = {**dataclasses.asdict(record),
                   "key": workload_key(record.workload, record.size),
                   "correct": _optional(bool, record.correct),
@@ -436,11 +616,15 @@ class Database:
         return cursor.rowcount == 1
 
     def lookup(self, workload: str, size: Sequence[int], program_hash: str,
-               target: str = HOST) -> Record | None:
-        """This machine's measurement of a program compiled for `target`, if there is one."""
-        found = self._select("WHERE key = ? AND program_hash = ? AND machine_fp = ? AND "
-                             "target = ?", [workload_key(workload, size), program_hash,
-                                            self.machine_fp, target])
+               target: str = HOST, settings: dict[str, Any] | None = None) -> Record | None:
+        """This machine's measurement of a program compiled for `target` and measured with
+        `settings` (`Record.settings`, {} when None), if there is one that is not a transient
+        failure (that one is for measuring again)."""
+        found = self._select(
+            "WHERE key = ? AND program_hash = ? AND machine_fp = ? AND target = ? AND "
+            "settings = ? AND error_kind IS NOT 'transient'",
+            [workload_key(workload, size), program_hash, self.machine_fp, target,
+             _json(settings or {}, "lookup settings")])
         return found[0] if found else None
 
     def best(self, workload: str, size: Sequence[int], target: str = HOST) -> Record | None:
@@ -573,6 +757,7 @@ _RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "budget": (dict,), "rules": (list,), "cost_model": (str,), "machine": (dict,),
     "versions": (dict,), "config": (dict, type(None)), "started_at": _NUMBER,
     "finished_at": (*_NUMBER, type(None)), "status": (str,), "summary": (dict,),
+    "pid": (int, type(None)), "host": (str, type(None)), "process": (str, type(None)),
 }
 _RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "workload": (str,), "size": (list,), "program_hash": (str,), "structure": (str,),
@@ -580,6 +765,7 @@ _RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "gflops": (*_NUMBER, type(None)), "correct": (bool, type(None)), "error": (str, type(None)),
     "predicted_s": (*_NUMBER, type(None)), "round": (int, type(None)),
     "run_id": (int, type(None)), "created_at": _NUMBER, "machine_fp": (str,), "target": (str,),
+    "error_kind": (str, type(None)), "settings": (dict,),
 }
 
 
@@ -600,13 +786,21 @@ def _read_jsonl(path: Path) -> tuple[dict[int, dict], list[Record]]:
             raise DatabaseError(f"{path} line {number}: not JSON ({e.msg})") from None
         kind = obj.pop("type", None) if isinstance(obj, dict) else None
         if kind == "run":
+            for name in ("pid", "host", "process"):  # exported before runs recorded them
+                obj.setdefault(name, None)
             _check_fields(obj, _RUN_FIELDS, path, number)
             if obj["id"] in runs:
                 raise DatabaseError(f"{path} line {number}: run {obj['id']} appears twice")
             runs[obj.pop("id")] = obj
         elif kind == "measurement":
             obj.setdefault("target", HOST)  # exported before targets: measured for the host
+            obj.setdefault("error_kind", None)  # exported before kinds: classified on import
+            obj.setdefault("settings", {})  # exported before settings: matched by no lookup
             _check_fields(obj, _RECORD_FIELDS, path, number)
+            if obj["error_kind"] not in (None, *ERROR_KINDS):
+                raise DatabaseError(f"{path} line {number}: measurement field error_kind is "
+                                    f"{obj['error_kind']!r}, expected one of "
+                                    f"{', '.join(ERROR_KINDS)} or null")
             if not obj["machine_fp"]:
                 raise DatabaseError(f"{path} line {number}: measurement has no machine_fp")
             records.append((number, Record(**obj)))
@@ -693,5 +887,6 @@ def _threads_of(program_hash: str) -> int | None:
     return int(count) if sep and count.isdigit() else None
 
 
-__all__ = ["Database", "DatabaseError", "Record", "RUN_STATUSES", "SCHEMA_VERSION",
-           "TrainingRow", "machine_fingerprint", "training_rows", "workload_key"]
+__all__ = ["ABANDONED", "Database", "DatabaseError", "ERROR_KINDS", "MEASUREMENT_SETTINGS",
+           "Record", "RUN_STATUSES", "SCHEMA_VERSION", "TrainingRow", "error_kind",
+           "machine_fingerprint", "process_identity", "training_rows", "workload_key"]

@@ -21,20 +21,27 @@ resumes where it stopped.
 While a round is measured the next one is searched (`_Exploration.rounds`), but never while a
 candidate is timed (`trials.TimingGate`); the proposals are the same as if it searched after.
 
-Only correct programs can be the best. Wall-clock budgets (`seconds`) end a run early and so make
-it depend on the machine's speed; the trial budget alone keeps it deterministic given the
-database's measurements. A run also ends when the search has nothing untried left (a small
-space, all measured); `ExploreResult.stop_reason` says which ended it.
+Only correct programs can be the best, and the best is reported only once its trace, replayed on
+the naive program, gives the program that was measured (else the run fails with an ExploreError).
+The run is recorded before saturation, and its status says how it ended: `done` only when the
+rounds ran to their end, `interrupted` after Ctrl-C (or SIGTERM, which the command line turns into
+one), `failed` for anything else, an egglog panic among them (`SaturationError`).
+
+Wall-clock budgets (`seconds`) end a run early and so make it depend on the machine's speed; the
+trial budget alone keeps it deterministic given the database's measurements. A run also ends when
+the search has nothing untried left (a small space, all measured); `ExploreResult.stop_reason`
+says which ended it.
 
 See docs/ARCHITECTURE.md §10 Exploration.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -51,6 +58,7 @@ from .extract.cost import kendall, spearman
 from .extract.learned import LearnedModel
 from .ir import Program, naive_program
 from .machine_model import machine_model
+from .schedule import Schedule, ScheduleError
 from .trials import Measurer, Settings, TimingGate, Trial, has_parallel_loops
 from .workloads import get_workload
 
@@ -58,8 +66,12 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
     from .rules import Spec as RuleSpec
 
 DEFAULT_DB = "eqsched.db"
-__all__ = ["DEFAULT_DB", "ExploreResult", "Progress", "Round", "Settings", "Trial", "explore",
-           "search_beside_measuring"]
+__all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings", "Trial",
+           "explore", "search_beside_measuring"]
+
+
+class ExploreError(RuntimeError):
+    """An exploration that cannot report its result truthfully; one line saying why."""
 
 
 @dataclass
@@ -170,25 +182,48 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     result = ExploreResult(wl.name, list(size), seed, model.name, [r.name for r in chosen_rules],
                            {"trials": trials, "seconds": seconds, "batch": batch},
                            target=settings.target, db_path=str(getattr(database, "path", db)))
-    say("saturating", {"workload": wl.name, "size": list(size)})
-    space, result.space = _saturate(naive, chosen_rules, limits,
-                                    vector_lanes(options.target.vector_lanes))
-    facts = machine.describe()  # with the measured FMA peak (once per process)
-    result.run_id = database.start_run(
-        workload=wl.name, size=list(size), seed=seed, budget=result.budget,
-        rules=result.rules, cost_model=model.name, machine=facts,
-        versions=facts.get("versions", {}), config=asdict(settings))
-    gate = TimingGate()
-    search = _search(space, model, seed, gate, machine_model(options.target).peak_gflops)
-    measurer = Measurer(database, wl.name, list(size), naive, settings, result.run_id, gate)
-    run = _Exploration(result, model, search, measurer, budget, facts["peak_gflops_per_core"],
-                       jobs, say)
     try:
-        run.run(measure_naive)
+        facts = machine.describe()  # with the measured FMA peak (once per process)
+        result.run_id = database.start_run(
+            workload=wl.name, size=list(size), seed=seed, budget=result.budget,
+            rules=result.rules, cost_model=model.name, machine=facts,
+            versions=facts.get("versions", {}), config=asdict(settings))
+        with _recorded(database, result, budget):
+            say("saturating", {"workload": wl.name, "size": list(size)})
+            space, result.space = _saturate(naive, chosen_rules, limits,
+                                            vector_lanes(options.target.vector_lanes))
+            gate = TimingGate()
+            search = _search(space, model, seed, gate, machine_model(options.target).peak_gflops)
+            measurer = Measurer(database, wl.name, list(size), naive, settings, result.run_id,
+                                gate)
+            run = _Exploration(result, model, search, measurer, budget,
+                               facts["peak_gflops_per_core"], jobs, say)
+            run.run(measure_naive)
     finally:
         if not isinstance(db, Database):
             database.close()
     return result
+
+
+@contextlib.contextmanager
+def _recorded(database: Database, result: ExploreResult, budget: _Budget) -> Iterator[None]:
+    """The run's status in the database, however the block ends: `done` when it ends normally
+    and the rounds were not interrupted, `interrupted` after Ctrl-C (the block's measurements are
+    kept, the result returned), `failed` otherwise (the error is raised again). Anything but a
+    normal end is never `done`, so `batch` runs the job again."""
+    status = "failed"
+    try:
+        yield
+        status = "interrupted" if result.interrupted else "done"
+    except KeyboardInterrupt:  # before the rounds (saturating, say); they handle their own
+        status, result.interrupted, result.stop_reason = "interrupted", True, "interrupted"
+    except BaseException as err:
+        # Every measurement so far is stored; the run says it did not finish, and why.
+        result.stop_reason = f"failed: {type(err).__name__}: {err}".splitlines()[0]
+        raise
+    finally:
+        result.wall_s = time.perf_counter() - budget.started
+        database.finish_run(result.run_id, status=status, summary=_summary(result))
 
 
 @dataclass
@@ -260,28 +295,19 @@ class _Exploration:
         self.round_index, self.round_started = 0, time.perf_counter()
 
     def run(self, measure_naive: bool) -> None:
-        """The naive time and the rounds; then, however they ended, the result and the run's
-        status (done, interrupted or failed) in the database."""
-        status = "running"
+        """The naive time and the rounds; then, unless they failed, the result (its best checked
+        against its trace). An interrupt ends them with the result so far."""
         try:
             if measure_naive:
                 self.result.naive_median_s = self.measurer.naive_median_s()
             self.rounds()
         except KeyboardInterrupt:
             self.result.interrupted, self.result.stop_reason = True, "interrupted"
-        except Exception as err:
-            # Every measurement so far is stored; the run says it did not finish, and why.
-            status, self.result.stop_reason = "failed", f"failed: {type(err).__name__}: {err}"
-            raise
         finally:
             self.stop_measuring()
-            if self.done:  # a round an interrupt cut short: its finished trials count
-                self.close_round(whole=False)
-            self.finish_result()
-            if status != "failed":
-                status = "interrupted" if self.result.interrupted else "done"
-            self.measurer.database.finish_run(self.result.run_id, status=status,
-                                              summary=_summary(self.result))
+        if self.done:  # a round an interrupt cut short: its finished trials count
+            self.close_round(whole=False)
+        self.finish_result()
 
     def rounds(self) -> None:
         """Propose, measure (searching the next round meanwhile), learn; until the budget is
@@ -375,15 +401,31 @@ class _Exploration:
         self.measuring.shutdown(cancel_futures=True)
 
     def finish_result(self) -> None:
-        """The best program, its trace and peak, and the wall time."""
+        """The best program, its trace (checked: it rebuilds the measured program) and peak,
+        and the wall time."""
         if self.best is not None:
             program = self.best.program
+            trace = self.best.trace  # derived when it was measured, if it was
+            _check_trace(self.measurer.naive, trace, self.result.best.program_hash)
             self.result.best_program = program
             parallel = has_parallel_loops(program)
             cores = self.measurer.settings.options().thread_count if parallel else 1
             self.result.peak_gflops = self.peak_gflops_per_core * cores
-            self.result.best_trace = self.best.trace  # derived when it was measured, if it was
+            self.result.best_trace = trace
         self.result.wall_s = time.perf_counter() - self.budget.started
+
+
+def _check_trace(naive: Program, trace: list[dict], measured_hash: str) -> None:
+    """Raise an ExploreError unless `trace`, replayed on `naive`, gives the program of
+    `measured_hash`: a reported trace must describe the program that was measured."""
+    try:
+        rebuilt = Schedule.replay(naive, trace).program.hash()
+    except ScheduleError as err:
+        raise ExploreError(f"the best program's trace does not replay ({err}); not "
+                           f"reported") from None
+    if rebuilt != measured_hash:
+        raise ExploreError(f"the best program's trace rebuilds program {rebuilt}, not the "
+                           f"measured {measured_hash}; not reported")
 
 
 _SUMMARY = ("trials", "measured", "best_gflops", "best_median_s", "best_hash", "wall_s",

@@ -4,8 +4,9 @@ measurement is stored and looked up in the database, and measuring or looking up
     measurer = Measurer(database, "matmul", [64, 64, 64], naive, Settings(), run_id, TimingGate())
     trial = measurer.trial(candidate, predicted_s, round_index)   # a Trial, stored at once
 
-A candidate is looked up in the database first (same workload, program, machine and target: its
-stored measurement is used, nothing is run) and otherwise measured in a worker process
+A candidate is looked up in the database first (same workload, program, machine, target and
+`Settings.outcome`: its stored measurement is used, nothing is run; a stored transient failure is
+not used) and otherwise measured in a worker process
 (`runner.measure`), checked against the numpy reference before it is timed, and stored at once
 with its trace and target. A candidate whose trace cannot be derived is never run: it is recorded
 as an error, since only replayable programs may be reported.
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .backend import CompileOptions, Target
-from .db import Database, Record
+from .db import MEASUREMENT_SETTINGS, Database, Record
 from .egraph.derive import DeriveError
 from .egraph.term import Sizes, Term, show
 from .ir import LoopKind, Program
@@ -40,7 +41,7 @@ class Settings:
 
     repeats: int = 10
     warmup: int = 1
-    time_budget_s: float = 0.3  # per candidate: a slow one gets min_repeats timed runs
+    time_budget_s: float | None = 0.3  # per candidate: a slow one gets min_repeats timed runs
     min_repeats: int = 3  # one run on a busy machine can be far off (docs/ARCHITECTURE.md §17.5)
     timeout_s: float = 120.0  # per candidate: compile, check and timing together
     # The worker's memory cap in bytes (None: runner.default_max_memory(), half the machine's).
@@ -62,6 +63,20 @@ class Settings:
     def options(self) -> CompileOptions:
         return CompileOptions(threads=self.threads, target=Target.parse(self.target))
 
+    def outcome(self) -> dict[str, Any]:
+        """The settings that decide a measurement's outcome besides the target and the thread
+        count (`db.MEASUREMENT_SETTINGS`): stored with it, part of its lookup key."""
+        return {name: getattr(self, name) for name in MEASUREMENT_SETTINGS}
+
+    def for_naive(self) -> Settings:
+        """How the naive program is measured (for the speedup): one timed run, no warmup."""
+        return replace(self, repeats=1, warmup=0, min_repeats=1, time_budget_s=None)
+
+    def lookup(self, database: Database, workload: str, size: list[int],
+               key: str) -> Record | None:
+        """The stored measurement under `key` (`measurement_key`) taken with these settings."""
+        return database.lookup(workload, size, key, self.target, self.outcome())
+
     def measure(self, program: Program, *, worker: int = 0,
                 on_timing: Callable[[bool], None] | None = None) -> Measurement:
         """`runner.measure` of `program` with these settings (in worker process `worker`)."""
@@ -73,15 +88,16 @@ class Settings:
 
 
 def record_of(workload: str, size: list[int], key: str, term: Term, sizes: Sizes,
-              trace: list[dict], m: Measurement, **more: Any) -> Record:
-    """The database record of a measurement of (term, sizes) stored under `key` (`more`: the
-    run's fields, like round and run_id); a wrong result is an error that says so."""
+              trace: list[dict], m: Measurement, settings: Settings, **more: Any) -> Record:
+    """The database record of a measurement of (term, sizes) with `settings`, stored under
+    `key` (`more`: the run's fields, like round and run_id); a wrong result is an error that
+    says so."""
+    error = m.error or (None if m.correct is not False else f"wrong result: {m.check_message}")
     return Record(
         workload=workload, size=list(size), program_hash=key, structure=show(term),
         sizes={f"{g}|{p}": e for (g, p), e in sizes.items()}, trace=trace, times=m.times,
-        median_s=m.median_s, gflops=m.gflops, correct=m.correct, error=m.error or (
-            None if m.correct is not False else f"wrong result: {m.check_message}"),
-        **more)
+        median_s=m.median_s, gflops=m.gflops, correct=m.correct, error=error,
+        error_kind=m.error_kind, target=settings.target, settings=settings.outcome(), **more)
 
 
 def measurement_key(prog: Program, settings: Settings) -> str:
@@ -148,14 +164,14 @@ class Measurer:
         """The candidate's stored measurement, or a new one (in worker process `worker`),
         stored at once."""
         key = measurement_key(cand.program, self.settings)
-        stored = self.database.lookup(self.workload, self.size, key, self.settings.target)
+        stored = self.settings.lookup(self.database, self.workload, self.size, key)
         if stored is not None:
             return Trial(round_index, cand.hash, show(cand.term), predicted_s, stored.median_s,
                          stored.gflops, stored.correct, stored.error, cached=True)
         trace, m = self._measure(cand, worker)
         record = record_of(self.workload, self.size, key, cand.term, cand.sizes, trace, m,
-                           predicted_s=predicted_s, round=round_index, run_id=self.run_id,
-                           target=self.settings.target)
+                           self.settings, predicted_s=predicted_s, round=round_index,
+                           run_id=self.run_id)
         self.database.add(record)
         return Trial(round_index, cand.hash, record.structure, predicted_s, m.median_s, m.gflops,
                      m.correct, record.error, cached=False)
@@ -173,16 +189,15 @@ class Measurer:
     def naive_median_s(self) -> float | None:
         """The naive program's median time (for the speedup), measured once per machine and
         target."""
-        stored = self.database.lookup(self.workload, self.size, self.naive.hash(),
-                                      self.settings.target)
+        naive = self.settings.for_naive()
+        stored = naive.lookup(self.database, self.workload, self.size, self.naive.hash())
         if stored is None:
-            s = self.settings
-            m = measure(self.naive, repeats=1, warmup=0, timeout_s=s.timeout_s,
-                        seed=s.input_seed, options=s.options())
+            m = naive.measure(self.naive)
             stored = Record(workload=self.workload, size=list(self.size),
                             program_hash=self.naive.hash(), structure="naive", sizes={}, trace=[],
                             times=m.times, median_s=m.median_s, gflops=m.gflops,
-                            correct=m.correct, error=m.error, run_id=self.run_id,
-                            target=s.target)
+                            correct=m.correct, error=m.error,
+                            error_kind=m.error_kind, run_id=self.run_id,
+                            target=naive.target, settings=naive.outcome())
             self.database.add(stored)
         return stored.median_s if stored.correct else None

@@ -202,6 +202,28 @@ def test_every_command_that_compiles_takes_a_target():
     assert "--target" in eqsched_cmd("rules", "check", "--help").stdout
 
 
+def test_runs_lists_every_run_with_its_status(tmp_path):
+    from eqsched.db import Database
+
+    path = tmp_path / "x.db"
+    with Database(path) as db:
+        kwargs = dict(workload="matmul", size=[16, 16, 16], seed=0, budget={}, rules=[],
+                      cost_model="random", machine={}, versions={})
+        done = db.start_run(**kwargs)
+        db.finish_run(done, status="done", summary={"trials": 4, "best_gflops": 1.5})
+        db.start_run(**kwargs)  # this process's: running
+    proc = eqsched_cmd("runs", "--db", str(path))
+    assert proc.returncode == 0, proc.stderr
+    head, first, second = proc.stdout.splitlines()
+    assert head.split()[:3] == ["run", "problem", "status"]
+    assert first.split()[:6] == ["1", "matmul", "16,16,16", "done", "4", "-"]
+    assert second.split()[3] == "running" and f"{os.getpid()}@" in second
+    listed = json.loads(eqsched_cmd("runs", "--db", str(path), "--json").stdout)
+    assert [r["status"] for r in listed] == ["done", "running"]
+    assert_one_line_error(eqsched_cmd("runs", "--db", str(tmp_path / "none.db")),
+                          "none.db does not exist")
+
+
 def test_machine_reports_the_measured_peak():
     facts = json.loads(eqsched_cmd("machine", "--json").stdout)
     assert facts["peak_gflops_per_core"] > 0 and facts["cores"] >= 1

@@ -1,9 +1,15 @@
 """`eqsched explore`, run as a user would: one JSON object, a replayable trace, one-line errors."""
 
+import contextlib
 import json
+import os
+import resource
+import signal
 import subprocess
 import sys
+import time
 
+import pytest
 from test_cli import ENV, assert_one_line_error
 
 from eqsched.db import Database
@@ -66,3 +72,105 @@ def test_the_target_is_reported_and_stored(tmp_path):
     assert json.loads(proc.stdout)["target"] == "haswell"
     with Database(db) as d:
         assert {r.target for r in d.records(target=None)} == {"haswell"}
+
+
+SMALL = ("matmul", "--size", "16,16,16", "--batch", "4", "--cost-model", "random", "--repeats",
+         "2", "--threads", "1")
+
+
+def test_a_rerun_after_a_run_that_timed_out_everything_finds_the_correct_program(tmp_path):
+    db = str(tmp_path / "x.db")
+    hasty = explore_cmd(*SMALL, "--trials", "4", "--db", db, "--timeout", "0.0001")
+    assert_one_line_error(hasty, "no correct program found in 4 trials")
+    patient = explore_cmd(*SMALL, "--trials", "4", "--db", db, "--json")
+    assert patient.returncode == 0, patient.stderr
+    out = json.loads(patient.stdout)
+    assert out["correct"] is True and out["measured"] == 4  # no stored timeout was reused
+
+
+def _without_writing(tmp_path, how):
+    """A command prefix and environment under which `tmp_path` cannot be written: a read-only
+    mount of it (as root, whom file modes do not stop), or a file size limit of 0 (a full
+    disk)."""
+    if how == "full":
+        def no_growth():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails (EFBIG) instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+        return [], no_growth
+    if os.geteuid() != 0:
+        tmp_path.chmod(0o555)
+        return [], None
+    mount = (f"mount --bind {tmp_path} {tmp_path} && mount -o remount,ro,bind {tmp_path} && "
+             f"exec \"$@\"")
+    return ["unshare", "-m", "sh", "-c", mount, "sh"], None
+
+
+@pytest.mark.parametrize("how", ["read-only", "full"])
+def test_a_database_that_cannot_be_written_is_refused_before_saturating(tmp_path, how):
+    db = tmp_path / "x.db"
+    Database(db).close()
+    prefix, limit = _without_writing(tmp_path, how)
+    try:
+        proc = subprocess.run([*prefix, sys.executable, "-m", "eqsched", "explore", *SMALL,
+                               "--trials", "4", "--db", str(db)], capture_output=True,
+                              text=True, env=ENV, timeout=300, preexec_fn=limit)
+    finally:
+        tmp_path.chmod(0o755)
+    assert_one_line_error(proc, f"{db}: cannot ")
+    assert "saturating" not in proc.stderr
+
+
+def test_an_unwritable_trace_file_is_refused_before_exploring(tmp_path):
+    db = tmp_path / "x.db"
+    proc = explore_cmd(*SMALL, "--trials", "4", "--db", str(db), "--save-trace",
+                       str(tmp_path / "no such dir" / "best.json"))
+    assert_one_line_error(proc, "cannot write the trace to")
+    assert not db.exists()  # nothing was explored
+
+
+def _explore_in_background(db, trials):
+    """An exploration in its own session (so that the test can end every process it leaves)."""
+    return subprocess.Popen([sys.executable, "-m", "eqsched", "explore", *SMALL, "--trials",
+                             str(trials), "--db", str(db)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+
+
+def _wait_for_measurements(db, proc, count):
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if db.exists():
+            with Database(db, readonly=True) as d:
+                if len(d.records()) >= count:
+                    return
+        time.sleep(0.2)
+    raise AssertionError(f"no {count} measurements in time: {proc.poll()}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_exploration_keeps_its_measurements_and_resumes(tmp_path, signum):
+    db = tmp_path / "x.db"
+    proc = _explore_in_background(db, trials=16)
+    try:
+        _wait_for_measurements(db, proc, 2)
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the exploration left behind
+        proc.wait()
+    with Database(db) as d:
+        (run,) = d.runs()
+        kept = len(d.records())
+    if signum == signal.SIGTERM:  # like Ctrl-C
+        assert proc.returncode == 130, stderr
+        assert "run the same command again to resume" in stderr and "Traceback" not in stderr
+        assert run["status"] == "interrupted"
+    else:
+        assert run["status"] == "abandoned"
+    listing = subprocess.run([sys.executable, "-m", "eqsched", "runs", "--db", str(db)],
+                             capture_output=True, text=True, env=ENV, timeout=120)
+    assert listing.returncode == 0 and f" {run['status']} " in listing.stdout.splitlines()[1]
+    resumed = explore_cmd(*SMALL, "--trials", "16", "--db", str(db), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert out["trials"] - out["measured"] >= kept - 1  # all but the naive program reused

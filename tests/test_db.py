@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 
 from eqsched.db import (
+    ABANDONED,
+    SCHEMA_VERSION,
     Database,
     DatabaseError,
     Record,
+    error_kind,
     machine_fingerprint,
     training_rows,
     workload_key,
@@ -96,6 +99,61 @@ def test_another_machines_record_is_kept_but_not_answered_for(db):
     assert db.best("matmul", SIZE).median_s == 2e-3
 
 
+# ---- failures and settings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error, kind", [
+    ("timed out after 0.001 s (worker killed)", "transient"),
+    ("worker process died: killed by SIGKILL", "transient"),
+    ("MemoryError: Unable to allocate 75.0 GiB (at reference.py:40)", "transient"),
+    ("OSError: [Errno 28] No space left on device (at runner.py:90)", "transient"),
+    ("interrupted", "transient"),
+    ("something nobody foresaw", "transient"),  # not clearly deterministic: measured again
+    ("wrong result: max error 3.5 at C[0, 1] (tolerance 1e-05)", "deterministic"),
+    ("no replayable trace: split of C.i does not divide", "deterministic"),
+    ("BackendError: vectorize of C.j: extent 3 (at lower.py:120)", "deterministic"),
+    (None, None),
+])
+def test_an_error_is_transient_unless_it_is_clearly_deterministic(error, kind):
+    assert error_kind(error) == kind
+
+
+def test_the_measurers_own_kind_wins_over_the_text():
+    assert error_kind("worker process died: killed by SIGSEGV", "deterministic") == \
+        "deterministic"
+    assert error_kind(None, "transient") is None
+    with pytest.raises(ValueError, match="'flaky' is not one of transient, deterministic"):
+        error_kind("boom", "flaky")
+
+
+def test_a_transient_failure_is_measured_again_and_a_deterministic_one_is_not(db):
+    assert db.add(record("slow", median_s=None, correct=False,
+                         error="timed out after 0.001 s (worker killed)"))
+    assert db.add(record("bad", median_s=None, correct=False, error="wrong result: NaN"))
+    assert db.lookup("matmul", SIZE, "slow") is None  # for measuring again
+    assert db.lookup("matmul", SIZE, "bad").error_kind == "deterministic"
+    assert not db.add(record("slow", median_s=None, correct=False,
+                             error="worker process died: killed by SIGKILL"))
+    assert db.add(record("slow", median_s=2e-3))  # the new measurement replaces the failure
+    assert not db.add(record("bad", median_s=1e-3))
+    assert db.lookup("matmul", SIZE, "slow").median_s == 2e-3
+    assert [(r.program_hash, r.error_kind) for r in db.records()] == [
+        ("bad", "deterministic"), ("slow", None)]
+
+
+SETTINGS = {"input_seed": 0, "min_repeats": 3, "repeats": 10, "time_budget_s": 0.3, "warmup": 1}
+
+
+def test_a_measurement_is_looked_up_only_with_the_settings_it_was_taken_with(db):
+    assert db.add(record("h1", median_s=1e-3, settings=SETTINGS))
+    assert db.lookup("matmul", SIZE, "h1", settings=SETTINGS).median_s == 1e-3
+    other_inputs = {**SETTINGS, "input_seed": 1}
+    assert db.lookup("matmul", SIZE, "h1", settings=other_inputs) is None
+    assert db.lookup("matmul", SIZE, "h1") is None
+    assert db.add(record("h1", median_s=3e-3, settings=other_inputs))  # a second record
+    assert db.best("matmul", SIZE).median_s == 1e-3  # the best of any settings
+
+
 # ---- targets ---------------------------------------------------------------------------------
 
 AVX2 = "host,-avx512f"
@@ -145,7 +203,41 @@ def test_a_version_1_database_reads_as_the_hosts_and_is_migrated_on_writing(tmp_
     with sqlite3.connect(path) as conn:
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    assert version == ("2",)
+    assert version == (str(SCHEMA_VERSION),)
+
+
+# Made by eqsched at commit cd929e0 (schema version 2, before error kinds, settings and run
+# processes), machine "here", matmul 64x32x16: run 1 (done; repeats 5) measured the naive program
+# (5 ms), h1 (1 ms), and failures: a timeout, a wrong result, a dead worker, a compile error;
+# run 2 is still marked running.
+SCHEMA_V2 = Path(__file__).parent / "data" / "schema_v2.sqlite"
+V2_SETTINGS = {**SETTINGS, "repeats": 5}
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_a_version_2_database_gets_error_kinds_and_its_runs_settings(tmp_path, readonly):
+    path = tmp_path / "old.db"
+    shutil.copy(SCHEMA_V2, path)
+    with Database(path, readonly=readonly, machine_fp="here") as db:
+        kinds = {r.program_hash: r.error_kind for r in db.records()}
+        assert kinds == {"naive": None, "h1": None, "timedout": "transient",
+                         "wrong": "deterministic", "died": "transient", "compile": "deterministic"}
+        assert db.lookup("matmul", SIZE, "h1", settings=V2_SETTINGS).median_s == 1e-3
+        assert db.lookup("matmul", SIZE, "timedout", settings=V2_SETTINGS) is None
+        assert db.lookup("matmul", SIZE, "wrong", settings=V2_SETTINGS) is not None
+        # The naive program was measured once, without warmup, whatever the run's settings.
+        naive = {**V2_SETTINGS, "repeats": 1, "warmup": 0, "min_repeats": 1,
+                 "time_budget_s": None}
+        assert db.lookup("matmul", SIZE, "naive", settings=naive).median_s == 5e-3
+        # Runs from before processes were recorded cannot be told abandoned.
+        assert [(r["status"], r["pid"]) for r in db.runs()] == [("done", None), ("running", None)]
+    if readonly:
+        assert SCHEMA_V2.read_bytes() == path.read_bytes()  # reading changed nothing
+        return
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    assert version == (str(SCHEMA_VERSION),)
 
 
 def test_runs_are_started_and_finished(db):
@@ -163,6 +255,32 @@ def test_runs_are_started_and_finished(db):
         db.finish_run(99, status="done", summary={})
     with pytest.raises(DatabaseError, match="has no run 99"):
         db.add(record("h2", run_id=99))
+
+
+def test_a_run_records_its_process_and_shows_abandoned_once_that_is_gone(tmp_path):
+    path = tmp_path / "results.db"
+    # Another process starts a run and dies without finishing it (kill -9, a crash).
+    script = ("import os, sys; from eqsched.db import Database\n"
+              "db = Database(sys.argv[1], machine_fp='here')\n"
+              "db.start_run(workload='matmul', size=[64, 32, 16], seed=0, budget={}, rules=[], "
+              "cost_model='random', machine={}, versions={})\n"
+              "os._exit(1)")
+    subprocess.run([sys.executable, "-c", script, str(path)], check=False, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    with Database(path, machine_fp="here") as db:
+        mine = start(db)
+        dead, alive = db.runs()
+        assert dead["status"] == ABANDONED and dead["host"] == alive["host"]
+        assert alive["id"] == mine and alive["status"] == "running"
+        assert alive["pid"] == os.getpid() and alive["process"]
+    # The same pid given to another process later (a reboot, pid reuse) is not this run's.
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE runs SET process = 'another boot/1' WHERE id = ?", (mine,))
+    conn.close()
+    with Database(path, machine_fp="here") as db:
+        assert db.runs()[1]["status"] == ABANDONED
+        db.finish_run(mine, status="interrupted", summary={})
+        assert db.runs()[1]["status"] == "interrupted"  # a finished run is what it says
 
 
 def test_numpy_numbers_are_stored_as_plain_numbers(db):
@@ -231,10 +349,12 @@ def test_a_newer_schema_version_is_refused(tmp_path):
     path = tmp_path / "results.db"
     Database(path, machine_fp="here").close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                     (str(SCHEMA_VERSION + 1),))
     conn.close()
-    with pytest.raises(DatabaseError, match=r"newer eqsched \(schema version 3; this eqsched "
-                                            r"reads version 2\)"):
+    newer = SCHEMA_VERSION + 1
+    with pytest.raises(DatabaseError, match=rf"newer eqsched \(schema version {newer}; this "
+                                            rf"eqsched reads version {SCHEMA_VERSION}\)"):
         Database(path)
 
 
@@ -313,6 +433,21 @@ def test_import_checks_field_types_and_run_references(db, tmp_path):
     path.write_text(json.dumps({**good, "run_id": None, "median_s": "fast"}) + "\n")
     with pytest.raises(DatabaseError, match="line 1: measurement field median_s is str"):
         db.import_jsonl(path)
+    path.write_text(json.dumps({**good, "run_id": None, "error_kind": "flaky"}) + "\n")
+    with pytest.raises(DatabaseError, match="line 1: measurement field error_kind is 'flaky'"):
+        db.import_jsonl(path)
+
+
+def test_a_file_exported_before_error_kinds_and_settings_imports_with_them(db, tmp_path):
+    old = {"type": "measurement", **record("h1", median_s=None, correct=None,
+                                            error="timed out after 1 s (worker killed)",
+                                            machine_fp="here").__dict__}
+    del old["error_kind"], old["settings"]
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(old) + "\n")
+    assert db.import_jsonl(path) == 1
+    (imported,) = db.records()
+    assert imported.error_kind == "transient" and imported.settings == {}
 
 
 # ---- two processes, one file ----------------------------------------------------------------

@@ -9,7 +9,7 @@ from eqsched import machine
 from eqsched.backend import CompileOptions, Target, TargetError, compile_program
 from eqsched.backend import target as target_module
 from eqsched.db import Database
-from eqsched.explore import Settings, explore, search_beside_measuring
+from eqsched.explore import ExploreError, Settings, explore, search_beside_measuring
 from eqsched.ir import naive_program
 from eqsched.machine_model import machine_model
 from eqsched.schedule import Schedule
@@ -22,8 +22,9 @@ FAST = Settings(repeats=2, warmup=0, threads=1)
 def run(db, **kw):
     kw.setdefault("trials", 8)
     kw.setdefault("batch", 4)
-    return explore("matmul", SIZE, db=db, seed=0, cost_model="random", settings=FAST,
-                   measure_naive=False, **kw)
+    kw.setdefault("settings", FAST)
+    return explore("matmul", SIZE, db=db, seed=0, cost_model="random", measure_naive=False,
+                   **kw)
 
 
 def test_an_exploration_measures_checks_and_stores_every_trial(tmp_path):
@@ -262,3 +263,75 @@ def test_the_learned_model_starts_from_the_databases_measurements(tmp_path):
             batch=4, measure_naive=False, progress=lambda event, data: events.append(
                 (event, data)))
     assert stored > 0 and ("learning", {"stored": stored}) in events
+
+
+def test_a_run_that_timed_out_everything_is_measured_again_and_finds_the_best(tmp_path):
+    db = tmp_path / "x.db"
+    hasty = explore("matmul", SIZE, db=db, seed=0, cost_model="random", trials=4, batch=4,
+                    settings=Settings(repeats=2, warmup=0, threads=1, timeout_s=1e-4))
+    assert hasty.best is None and all(t.error.startswith("timed out") for t in hasty.trials)
+    with Database(db) as d:
+        assert {r.error_kind for r in d.records()} == {"transient"}
+    patient = run(db, trials=4)  # the same candidates, with the usual timeout
+    assert [t.program_hash for t in patient.trials] == [t.program_hash for t in hasty.trials]
+    assert patient.measured == 4 and patient.best is not None and patient.best.correct
+
+
+def test_other_measurement_settings_measure_again(tmp_path):
+    db = tmp_path / "x.db"
+    run(db, trials=4)
+    assert run(db, trials=4).measured == 0
+    other_inputs = Settings(repeats=2, warmup=0, threads=1, input_seed=1)
+    assert run(db, trials=4, settings=other_inputs).measured == 4
+
+
+def egglog_panic():
+    """Make egglog panic for real: an e-graph used by a thread other than the one that built
+    it (this one, which also drops it: dropped elsewhere, egglog would complain again)."""
+    import threading
+
+    from egglog import EGraph, i64
+
+    egraph, raised = EGraph(), []
+
+    def use():
+        try:
+            egraph.extract(i64(1))
+        except BaseException as err:  # the panic, a BaseException
+            raised.append(err)
+
+    thread = threading.Thread(target=use)
+    thread.start()
+    thread.join()
+    raise raised[0]
+
+
+def test_an_egglog_panic_fails_the_run_in_one_line(tmp_path, monkeypatch):
+    import eqsched.egraph.saturate as saturate_module
+    from eqsched.egraph.saturate import SaturationError
+
+    monkeypatch.setattr(saturate_module, "_saturate", lambda *args: egglog_panic())
+    with pytest.raises(SaturationError, match="egglog panicked while saturating matmul: ") as e:
+        run(tmp_path / "x.db")
+    assert "\n" not in str(e.value)
+    with Database(tmp_path / "x.db") as d:
+        (failed,) = d.runs()
+        assert failed["status"] == "failed"  # not done: batch runs it again
+        assert failed["summary"]["stop_reason"].startswith("failed: SaturationError: egglog")
+
+
+def test_a_best_whose_trace_rebuilds_another_program_is_not_reported(tmp_path, monkeypatch):
+    from eqsched.extract.search import Candidate
+
+    derived = Candidate.trace
+
+    def wrong_trace(cand):
+        # The candidate's trace without its last step (or with one more): another program.
+        steps = derived.__get__(cand)
+        return steps[:-1] or [{"op": "split", "args": {"loop": "C.i", "factors": [-1, 2]}}]
+
+    monkeypatch.setattr(Candidate, "trace", property(wrong_trace))
+    with pytest.raises(ExploreError, match="trace rebuilds program .*, not the measured"):
+        run(tmp_path / "x.db", trials=4)
+    with Database(tmp_path / "x.db") as d:
+        assert d.runs()[0]["status"] == "failed"

@@ -16,19 +16,22 @@ The rules are objects the caller chose (`eqsched.rules.resolve` makes them from 
 module knows only the `RewriteRule` protocol, never the rule plug-ins themselves.
 
 An e-graph is tied to the thread that built it (egglog 13 panics otherwise): use a Saturation in
-the thread that called `saturate`.
+the thread that called `saturate`. A panic inside egglog reaches Python as pyo3's
+`PanicException`, a BaseException that `except Exception` lets through; `saturate` and
+`Saturation.serialized` turn it into a `SaturationError` naming what egglog was doing.
 
 See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import resource
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -41,6 +44,23 @@ from .lang import Root, program_root, root_expr
 from .term import Term
 
 STOP_REASONS = ("saturated", "iteration_limit", "node_limit", "time_limit")
+
+
+class SaturationError(RuntimeError):
+    """egglog failed inside (a Rust panic); the message is one line saying while doing what."""
+
+
+@contextlib.contextmanager
+def egglog_panics(doing: str) -> Iterator[None]:
+    """Raise a SaturationError for a panic of egglog in the block (`doing`: what it did)."""
+    try:
+        yield
+    except BaseException as err:
+        if type(err).__name__ != "PanicException":
+            raise
+        first = str(err).strip().splitlines()
+        raise SaturationError(f"egglog panicked while {doing}: "
+                              f"{first[0] if first else 'no message'}") from None
 
 
 class RewriteRule(Protocol):
@@ -97,8 +117,9 @@ class Saturation:
     def serialized(self) -> dict:
         """egglog's serialized e-graph as JSON (every function, no truncation)."""
         if self._serialized is None:
-            data = self.egraph._serialize(max_functions=None, max_calls_per_function=None)
-            self._serialized = json.loads(data.to_json())
+            with egglog_panics("reading the saturated e-graph"):
+                data = self.egraph._serialize(max_functions=None, max_calls_per_function=None)
+                self._serialized = json.loads(data.to_json())
         return self._serialized
 
     @property
@@ -189,7 +210,14 @@ def saturate(naive: Program, rules: Sequence[RewriteRule] = (), limits: Limits |
              phases: Sequence[Phase] | None = None, *, start: Term | None = None) -> Saturation:
     """Build the e-graph of `start` (default: `naive` itself, encoded) and grow it with `rules`,
     or with `phases` [(name, rules), ...] one after another. Facts (the guards' inputs) are always
-    those of `naive`, the program every term of the space computes."""
+    those of `naive`, the program every term of the space computes. A panic of egglog is a
+    SaturationError."""
+    with egglog_panics(f"saturating {naive.computation.name}"):
+        return _saturate(naive, rules, limits, phases, start)
+
+
+def _saturate(naive: Program, rules: Sequence[RewriteRule], limits: Limits | None,
+              phases: Sequence[Phase] | None, start: Term | None) -> Saturation:
     limits = limits or Limits()
     facts = facts_of(naive)
     term = start if start is not None else encode(naive, facts)[0]

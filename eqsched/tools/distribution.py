@@ -223,8 +223,7 @@ def measure_distribution(workload: str, size: Sequence[int] | None = None, rules
 
 def _sample(workload: str, size: list[int], term: Any, sizes: Any, prog: Program, naive: Program,
             key: str, settings: Settings, database: Database | None) -> Sample:
-    stored = (database.lookup(workload, size, key, settings.target) if database is not None
-              else None)
+    stored = settings.lookup(database, workload, size, key) if database is not None else None
     if stored is not None:
         return Sample(key, stored.structure, stored.median_s, stored.gflops, stored.correct,
                       stored.error, True, prog)
@@ -235,7 +234,7 @@ def _sample(workload: str, size: list[int], term: Any, sizes: Any, prog: Program
         trace, m = [], Measurement(correct=None, error=f"no replayable trace: {err}")
     else:
         m = settings.measure(prog)
-    record = record_of(workload, size, key, term, sizes, trace, m, target=settings.target)
+    record = record_of(workload, size, key, term, sizes, trace, m, settings)
     if database is not None:
         database.add(record)
     return Sample(key, record.structure, m.median_s, m.gflops, m.correct, record.error, False,
