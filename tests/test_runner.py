@@ -187,12 +187,16 @@ def test_a_timing_records_the_load_of_other_processes(matmul):
     try:
         time.sleep(0.2)
         busy = measure(matmul, repeats=3)
+        again = measure(matmul, repeats=3, contended_cores=0.5, retimes=1)
     finally:
         spinner.kill()
         spinner.wait()
     # The spinner keeps a core busy; what else runs can only add to it. A counter tick (10 ms
     # per core over the window) is the margin.
-    assert busy.others_cores >= 0.8
+    assert busy.others_cores >= 0.8 and busy.retimed == 0
+    assert again.others_cores >= 0.8 and again.retimed == 1 and len(again.times) == 3
+    with pytest.raises(ValueError, match="contended_cores"):
+        measure(matmul, contended_cores=0)
 
 
 def test_workers_measure_from_several_threads():
