@@ -415,8 +415,14 @@ def _progress_printer(stream: Any) -> Any:
             line += f"best {best:.4g} GFLOPS" if best else "no correct program yet"
             line += f", rank corr {rho:+.2f}" if rho is not None else ""
             line += f", {data['measured']} measured"
+            if data.get("contended"):
+                line += (f", {data['contended']} timings taken again: other processes "
+                         f"competed for the cores")
             print(("\r" + line) if live else line, end="" if live else "\n", file=stream,
                   flush=True)
+        elif event == "finalists":
+            print(f"{chr(10) if live else ''}eqsched: timing the best {data['finalists']} again "
+                  f"side by side ({data['rounds']} rounds)", file=stream)
         elif event == "exhausted":
             print(f"\neqsched: {data['reason']}; stopped after {data['trials']} trials",
                   file=stream)
@@ -516,6 +522,9 @@ def _print_exploration(r: dict[str, Any]) -> None:
         return
     line = (f"best: {r['best_gflops']:.4g} GFLOPS, median {r['best_median_s'] * 1e3:.4g} ms, "
             f"checked against numpy")
+    if r.get("in_run_best_gflops") is not None:
+        line += (f" (the best {len(r['finalists'])} timed again side by side; the rounds' best "
+                 f"single measurement read {r['in_run_best_gflops']:.4g})")
     if r["percent_of_peak"] is not None:
         line += f", {r['percent_of_peak']:.1f}% of peak ({r['peak_gflops']:.4g} GFLOPS)"
     if r["speedup_over_naive"] is not None:

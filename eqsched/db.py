@@ -87,7 +87,7 @@ _SCHEMA = (
         sizes TEXT NOT NULL, trace TEXT NOT NULL, times TEXT NOT NULL, median_s REAL,
         gflops REAL, correct INTEGER, error TEXT, predicted_s REAL, round INTEGER,
         created_at REAL NOT NULL, target TEXT NOT NULL DEFAULT 'host', error_kind TEXT,
-        settings TEXT NOT NULL DEFAULT '{}')""",
+        settings TEXT NOT NULL DEFAULT '{}', others_cores REAL, load REAL)""",
     _UNIQUE_MEASUREMENT,
 )
 _TABLES = ("meta", "measurements", "runs")
@@ -105,7 +105,8 @@ _RUN_COLUMNS = ("workload", "size", "key", "seed", "budget", "rules", "cost_mode
 _RUN_JSON = ("size", "budget", "rules", "machine", "versions", "config", "summary")
 _MEASUREMENT_COLUMNS = ("run_id", "key", "program_hash", "machine_fp", "structure", "sizes",
                         "trace", "times", "median_s", "gflops", "correct", "error", "predicted_s",
-                        "round", "created_at", "target", "error_kind", "settings")
+                        "round", "created_at", "target", "error_kind", "settings",
+                        "others_cores", "load")
 _MEASUREMENT_JSON = ("sizes", "trace", "times", "settings")
 
 
@@ -140,6 +141,10 @@ class Record:
     # The settings that decided the outcome ({name: value} of MEASUREMENT_SETTINGS for explore's
     # measurements): part of the lookup key.
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The machine while it was timed (runner.Measurement): other processes' CPU use in cores'
+    # worth, and the 1-minute load average; None when not timed or not known.
+    others_cores: float | None = None
+    load: float | None = None
 
 
 def workload_key(workload: str, size: Sequence[int]) -> str:
@@ -425,7 +430,7 @@ class Database:
         """Bring a database of an older schema `version` to this one. Version 2 added the target
         (version 1's measurements were compiled for the host; the target joins the record's
         identity); version 3 the error's kind, the measurement's settings (also in the
-        identity) and the run's process."""
+        identity), the machine's load while it was timed, and the run's process."""
         added = {"measurements": [], "runs": []}  # (column, its value in an old row)
         if version < 2:
             added["measurements"].append(("target TEXT NOT NULL DEFAULT 'host'", f"'{HOST}'"))
@@ -434,7 +439,8 @@ class Database:
                 ("error_kind TEXT", "eqsched_error_kind(error)"),
                 ("settings TEXT NOT NULL DEFAULT '{}'",
                  "eqsched_old_settings((SELECT config FROM main.runs WHERE main.runs.id = "
-                 "run_id), structure)")]
+                 "run_id), structure)"),
+                ("others_cores REAL", "NULL"), ("load REAL", "NULL")]
             added["runs"] += [("pid INTEGER", "NULL"), ("host TEXT", "NULL"),
                               ("process TEXT", "NULL")]
         if self.readonly:
@@ -601,7 +607,7 @@ class Database:
                   "correct": _optional(bool, record.correct),
                   "round": _optional(operator.index, record.round),
                   **{name: _optional(float, getattr(record, name))
-                     for name in ("median_s", "gflops", "predicted_s")}}
+                     for name in ("median_s", "gflops", "predicted_s", "others_cores", "load")}}
         row = [_json(values[c], f"record {record.program_hash}: {c}")
                if c in _MEASUREMENT_JSON else values[c] for c in _MEASUREMENT_COLUMNS]
         try:
@@ -766,6 +772,7 @@ _RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "predicted_s": (*_NUMBER, type(None)), "round": (int, type(None)),
     "run_id": (int, type(None)), "created_at": _NUMBER, "machine_fp": (str,), "target": (str,),
     "error_kind": (str, type(None)), "settings": (dict,),
+    "others_cores": (*_NUMBER, type(None)), "load": (*_NUMBER, type(None)),
 }
 
 
@@ -796,6 +803,8 @@ def _read_jsonl(path: Path) -> tuple[dict[int, dict], list[Record]]:
             obj.setdefault("target", HOST)  # exported before targets: measured for the host
             obj.setdefault("error_kind", None)  # exported before kinds: classified on import
             obj.setdefault("settings", {})  # exported before settings: matched by no lookup
+            for name in ("others_cores", "load"):  # exported before timings recorded the load
+                obj.setdefault(name, None)
             _check_fields(obj, _RECORD_FIELDS, path, number)
             if obj["error_kind"] not in (None, *ERROR_KINDS):
                 raise DatabaseError(f"{path} line {number}: measurement field error_kind is "

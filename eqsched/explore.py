@@ -105,6 +105,10 @@ class ExploreResult:
     stop_reason: str = ""  # why the rounds ended: a budget spent, the space exhausted, Ctrl-C
     run_id: int | None = None
     db_path: str = ""
+    # The finalists timed again side by side at the end (Settings.finalists): hash, in-run and
+    # re-measured GFLOPS each; `best` is the fastest re-measured, with its re-measured time.
+    finalists: list[dict[str, Any]] = field(default_factory=list)
+    in_run_best_gflops: float | None = None  # the best single measurement of the rounds
 
     @property
     def trials(self) -> list[Trial]:
@@ -136,7 +140,8 @@ class ExploreResult:
                         "best_gflops": r.best_gflops, "seconds": r.seconds,
                         "trials": [asdict(t) for t in r.trials]} for r in self.rounds],
             "space": self.space, "wall_s": self.wall_s, "interrupted": self.interrupted,
-            "stop_reason": self.stop_reason,
+            "stop_reason": self.stop_reason, "finalists": self.finalists,
+            "in_run_best_gflops": self.in_run_best_gflops,
             "run_id": self.run_id, "db": self.db_path,
         }
 
@@ -195,7 +200,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             gate = TimingGate()
             search = _search(space, model, seed, gate, machine_model(options.target).peak_gflops)
             measurer = Measurer(database, wl.name, list(size), naive, settings, result.run_id,
-                                gate)
+                                gate, jobs)
             run = _Exploration(result, model, search, measurer, budget,
                                facts["peak_gflops_per_core"], jobs, say)
             run.run(measure_naive)
@@ -301,6 +306,7 @@ class _Exploration:
             if measure_naive:
                 self.result.naive_median_s = self.measurer.naive_median_s()
             self.rounds()
+            self.remeasure_finalists()
         except KeyboardInterrupt:
             self.result.interrupted, self.result.stop_reason = True, "interrupted"
         finally:
@@ -376,6 +382,35 @@ class _Exploration:
             kendall(predicted, times) if whole else None,
             best.gflops if best else None, time.perf_counter() - self.round_started))
 
+    def remeasure_finalists(self) -> None:
+        """The winner's curse: the fastest of many noisy timings is biased fast, and one
+        timing can be 30% off (docs/ARCHITECTURE.md §17.5). The best few measured candidates
+        are timed again side by side, in turn; the best re-measured median is the run's best,
+        reported with that time."""
+        settings = self.measurer.settings
+        finalists = self.elites[:settings.finalists]
+        if not finalists:
+            return
+        self.say("finalists", {"finalists": len(finalists), "rounds": settings.final_rounds})
+        measured = settings.measure_side_by_side([c.program for c in finalists],
+                                                 on_timing=self.measurer.gate.on_timing)
+        flops = self.measurer.naive.computation.flops
+        timed = {c.hash: m.median_s for c, m in zip(finalists, measured)
+                 if m.correct and m.median_s}
+        self.result.finalists = [
+            {"hash": c.hash, "in_run_gflops": flops / self.times_of[c.hash] / 1e9,
+             "remeasured_gflops": flops / timed[c.hash] / 1e9 if c.hash in timed else None,
+             "others_cores": m.others_cores, "error": m.error or m.check_message or None}
+            for c, m in zip(finalists, measured)]
+        if not timed:
+            return  # every re-measurement failed (e.g. a timeout): keep the rounds' best
+        winner = min((c for c in finalists if c.hash in timed), key=lambda c: timed[c.hash])
+        in_run = next(t for t in self.result.trials if t.program_hash == winner.hash)
+        self.result.in_run_best_gflops = self.result.best.gflops
+        self.result.best = replace(in_run, median_s=timed[winner.hash],
+                                   gflops=flops / timed[winner.hash] / 1e9)
+        self.best = winner
+
     def learn(self, good: list[tuple[Candidate, Trial]]) -> None:
         """The model, the best so far and the elites take in measured correct candidates."""
         self.model.update([c.program for c, _ in good], [t.median_s for _, t in good])
@@ -391,7 +426,8 @@ class _Exploration:
         self.say("round", {"round": self.round_index, "trials": len(self.result.trials),
                            "of": self.budget.trials, "best_gflops": last.best_gflops,
                            "spearman": last.spearman,
-                           "measured": sum(not t.cached for t in finished)})
+                           "measured": sum(not t.cached for t in finished),
+                           "contended": self.measurer.contended})
 
     def stop_measuring(self) -> None:
         """The round in flight ends after the measurement in progress."""
@@ -430,7 +466,7 @@ def _check_trace(naive: Program, trace: list[dict], measured_hash: str) -> None:
 
 _SUMMARY = ("trials", "measured", "best_gflops", "best_median_s", "best_hash", "wall_s",
             "naive_median_s", "peak_gflops", "percent_of_peak", "speedup_over_naive", "space",
-            "stop_reason")
+            "stop_reason", "finalists", "in_run_best_gflops")
 
 
 def _summary(result: ExploreResult) -> dict[str, Any]:

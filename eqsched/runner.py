@@ -34,7 +34,7 @@ import time
 import traceback
 import zlib
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -59,6 +59,7 @@ _REFERENCES_KEPT = 4  # per worker: candidates of one workload share one referen
 # The worker's own deadline comes this long after the parent's, so the parent, when alive,
 # reports the timeout itself; the worker's deadline is for when the parent is gone or stuck.
 _WORKER_GRACE_S = 2.0
+LOAD_WINDOW_S = 0.2  # the shortest window over which other processes' CPU use is measured
 _STDERR_KEPT = 600  # characters of the worker's stderr quoted in an error
 # Signals a kernel raises itself: the same program would crash the same way.
 _CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
@@ -83,6 +84,12 @@ class Measurement:
     check_message: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     error_kind: str | None = None
+    # Cores' worth of CPU time other processes used while the candidate was timed (all the
+    # machine's busy time minus the worker's own), and the 1-minute load average after it:
+    # a neighbour process can make a timing 2-3x slow (docs/ARCHITECTURE.md §17.5).
+    others_cores: float | None = None
+    load: float | None = None
+    retimed: int = 0  # timings taken again because other processes competed (contended_cores)
 
     def __post_init__(self) -> None:
         if self.error_kind is None and (self.error is not None or self.correct is False):
@@ -145,7 +152,7 @@ def check_max_memory(max_memory: Any) -> int:
 @dataclass(frozen=True)
 class _Job:
     id: int  # every reply carries it: a reply to another job is never taken for this one's
-    program: Program
+    programs: tuple[Program, ...]  # timed side by side, `rounds` times in turn
     options: CompileOptions | None
     repeats: int
     warmup: int
@@ -155,6 +162,9 @@ class _Job:
     max_memory: int  # bytes
     time_budget_s: float | None = None
     min_repeats: int = 1
+    rounds: int = 1
+    contended_cores: float | None = None
+    retimes: int = 0
 
 
 _TIMING = "timing"  # the worker's note that it starts timing (the result follows)
@@ -227,15 +237,66 @@ def kernel_inputs(prog: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.
     return {b.name: aligned_copy(inputs[b.name]) for b in prog.inputs}
 
 
-def _run(job: _Job, timing: Callable[[], None]) -> Measurement:
-    prog = job.program
-    kernel = compile_program(prog, job.options)
-    info: dict[str, Any] = {"backend": kernel.info, "machine": machine.describe()}
-    ref = _reference_for(prog, job.seed) if job.check else None
-    inputs = ref.inputs if ref is not None else random_inputs(prog.computation, job.seed)
-    args = kernel_inputs(prog, inputs)
-    outputs = kernel.run(args)  # outputs and intermediates start as NaN
-    run = [*args.values(), *outputs.values()]
+def _run(job: _Job, timing: Callable[[], None]) -> list[Measurement]:
+    """Compile and check every program of the job, then time them: `rounds` times in turn, so
+    each sees the machine as the others did (side by side). A timing during which other
+    processes kept `contended_cores` busy is taken again, up to `retimes` times; the quietest
+    is kept."""
+    prepared = [_prepare(prog, job) for prog in job.programs]
+    if all(kernel is None for _, kernel, _ in prepared):
+        return [result for result, _, _ in prepared]  # nothing to time: failed or wrong
+    timing()  # before the warmup, which gives the caller time to quiet down
+    kept: tuple[float, list[list[float]]] | None = None
+    for attempt in range(1 + job.retimes):
+        others, times = _timed_window(prepared, job)
+        if kept is None or others < kept[0]:
+            kept = (others, times)
+        if job.contended_cores is None or others < job.contended_cores:
+            break
+    others, times = kept
+    load = os.getloadavg()[0]
+    results = []
+    for (result, _, _), prog, timed in zip(prepared, job.programs, times):
+        if timed:
+            result.times = timed
+            result.median_s = statistics.median(timed)
+            result.min_s = min(timed)
+            result.gflops = prog.computation.flops / result.median_s / 1e9
+            result.others_cores, result.load, result.retimed = others, load, attempt
+        results.append(result)
+    return results
+
+
+def _timed_window(prepared: list, job: _Job) -> tuple[float, list[list[float]]]:
+    """Each prepared program timed `rounds` times in turn: its times, and the cores' worth of
+    CPU time other processes used meanwhile (0 where the system does not say)."""
+    times: list[list[float]] = [[] for _ in prepared]
+    busy, own, wall = machine_busy_s(), time.process_time(), time.perf_counter()
+    for _ in range(job.rounds):
+        for (_, kernel, run), timed in zip(prepared, times):
+            if kernel is not None:
+                _time(kernel, run, timed, job)
+    # The busy counters tick every 10 ms per core: a window shorter than LOAD_WINDOW_S is
+    # padded by waiting (the caller's search is still held), so the figure means something.
+    time.sleep(max(0.0, LOAD_WINDOW_S - (time.perf_counter() - wall)))
+    wall = time.perf_counter() - wall
+    if busy is None:
+        return 0.0, times
+    return max(0.0, ((machine_busy_s() - busy) - (time.process_time() - own)) / wall), times
+
+
+def _prepare(prog: Program, job: _Job) -> tuple[Measurement, Callable | None, list]:
+    """The program compiled and checked against the reference: its result so far, and the
+    kernel and arguments to time it with (None when it failed or has nothing to time)."""
+    try:
+        kernel = compile_program(prog, job.options)
+        info: dict[str, Any] = {"backend": kernel.info, "machine": machine.describe()}
+        ref = _reference_for(prog, job.seed) if job.check else None
+        inputs = ref.inputs if ref is not None else random_inputs(prog.computation, job.seed)
+        args = kernel_inputs(prog, inputs)
+        outputs = kernel.run(args)  # outputs and intermediates start as NaN
+    except Exception as err:  # every failure of one program is that program's result
+        return _failure(err), None, []
     result = Measurement(correct=None, info=info)
     if ref is not None:
         ok, max_err, message = compare(outputs, ref.expected, tolerance(prog.computation))
@@ -245,12 +306,17 @@ def _run(job: _Job, timing: Callable[[], None]) -> Measurement:
         result.correct, result.max_err, result.check_message = ok, max_err, message
         if not ok:
             result.error_kind = DETERMINISTIC
-            return result
-    # A slow candidate should not eat the exploration's budget: past `time_budget_s` of warmup
-    # and timing, stop (keeping at least `min_repeats` timed runs: one run on a noisy machine
-    # can be far off, and the search would chase it; docs/ARCHITECTURE.md §17.5).
+            return result, None, []
+    return result, kernel, [*args.values(), *outputs.values()]
+
+
+def _time(kernel: Callable, run: list, times: list[float], job: _Job) -> None:
+    """Warm up and time `kernel` on `run`, appending to `times`. A slow candidate should
+    not eat the exploration's budget: past `time_budget_s` of warmup and timing, stop (keeping
+    at least `min_repeats` timed runs: one run on a noisy machine can be far off, and the
+    search would chase it; docs/ARCHITECTURE.md §17.5)."""
     spent, budget = 0.0, job.time_budget_s if job.time_budget_s is not None else math.inf
-    timing()  # before the warmup, which gives the caller time to quiet down
+    timed = 0
     for _ in range(job.warmup):
         if spent > budget:
             break
@@ -258,17 +324,25 @@ def _run(job: _Job, timing: Callable[[], None]) -> Measurement:
         kernel(*run)
         spent += time.perf_counter() - start
     for _ in range(job.repeats):
-        if len(result.times) >= job.min_repeats and spent > budget:
+        if timed >= job.min_repeats and spent > budget:
             break
         start = time.perf_counter()
         kernel(*run)
-        result.times.append(time.perf_counter() - start)
-        spent += result.times[-1]
-    if result.times:
-        result.median_s = statistics.median(result.times)
-        result.min_s = min(result.times)
-        result.gflops = prog.computation.flops / result.median_s / 1e9
-    return result
+        times.append(time.perf_counter() - start)
+        spent += times[-1]
+        timed += 1
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds every core of the machine has spent busy since boot (/proc/stat: user,
+    nice, system, irq, softirq, steal), or None where there is no /proc."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _failure(err: Exception) -> Measurement:
@@ -294,15 +368,18 @@ def _serve(requests: Connection, replies: Connection) -> None:
         signal.setitimer(signal.ITIMER_REAL, job.timeout_s + _WORKER_GRACE_S)
         _cap_memory(job.max_memory)
         try:
-            result = _run(job, lambda: replies.send((job.id, _TIMING)))
+            results = _run(job, lambda: replies.send((job.id, _TIMING)))
         except Exception as err:  # every failure of one job is that job's result
-            result = _failure(err)
-        if _drop_damaged_references() and result.error is None:
-            result.correct, result.error_kind = False, DETERMINISTIC
-            result.check_message = ("the kernel wrote into the worker's cached inputs or "
-                                    "expected outputs")
-            result.times, result.median_s, result.min_s, result.gflops = [], None, None, None
-        replies.send((job.id, result))
+            results = [_failure(err)] * len(job.programs)
+        if _drop_damaged_references():  # which program of the job did it is not known
+            for result in results:
+                if result.error is None:
+                    result.correct, result.error_kind = False, DETERMINISTIC
+                    result.check_message = ("the kernel wrote into the worker's cached inputs "
+                                            "or expected outputs")
+                    result.times, result.median_s, result.min_s = [], None, None
+                    result.gflops = None
+        replies.send((job.id, results))
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
@@ -465,10 +542,11 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def ask(self, job: _Job, on_timing: Callable[[bool], None] | None = None) -> Measurement:
-        """The worker's result for `job`; raises _WorkerLost when there is none. Any other
-        exception (an interrupt, a failing `on_timing`) stops the worker first: its reply to
-        this job would otherwise wait in the pipe and answer the next one."""
+    def ask(self, job: _Job, on_timing: Callable[[bool], None] | None = None
+            ) -> list[Measurement]:
+        """The worker's results for `job`, one per program; raises _WorkerLost when there are
+        none. Any other exception (an interrupt, a failing `on_timing`) stops the worker first:
+        its reply to this job would otherwise wait in the pipe and answer the next one."""
         deadline = time.monotonic() + job.timeout_s
         timing = False
         os.ftruncate(self.stderr.fileno(), 0)  # what the worker says about this job only
@@ -486,7 +564,7 @@ class _Worker:
                     raise _WorkerLost(f"the worker answered out of turn (job {job.id} asked, "
                                       f"reply {_job_id_of(message)} received; worker restarted)")
                 reply = message[1]
-                if isinstance(reply, Measurement):
+                if isinstance(reply, list):
                     return reply
                 timing = True
                 if on_timing is not None:
@@ -610,6 +688,8 @@ def measure(
     time_budget_s: float | None = None,
     min_repeats: int = 1,
     max_memory: int | None = None,
+    contended_cores: float | None = None,
+    retimes: int = 1,
     worker: int = 0,
     on_timing: Callable[[bool], None] | None = None,
 ) -> Measurement:
@@ -623,18 +703,52 @@ def measure(
     starts warming up to time (after compiling and checking) and `on_timing(False)` when it is
     done, so a caller can keep its own work off the machine meanwhile. Never raises for a bad
     program: failures come back as `error`, with `error_kind`. Raises ValueError for bad
-    settings.
+    settings. A timing during which other processes kept `contended_cores` cores' worth busy
+    (`Measurement.others_cores`) is taken again, up to `retimes` times, and the quietest kept
+    (`Measurement.retimed` says how often); None never takes one again.
     """
-    if repeats < 0 or warmup < 0 or min_repeats < 1:
-        raise ValueError(f"repeats and warmup must be >= 0 and min_repeats >= 1, got {repeats}, "
-                         f"{warmup} and {min_repeats}")
+    return measure_side_by_side(
+        [prog], rounds=1, repeats=repeats, warmup=warmup, timeout_s=timeout_s, seed=seed,
+        check=check, options=options, time_budget_s=time_budget_s, min_repeats=min_repeats,
+        max_memory=max_memory, contended_cores=contended_cores, retimes=retimes,
+        worker=worker, on_timing=on_timing)[0]
+
+
+def measure_side_by_side(
+    programs: Sequence[Program],
+    *,
+    rounds: int = 5,
+    repeats: int = 10,
+    warmup: int = 2,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    seed: int = 0,
+    check: bool = True,
+    options: CompileOptions | None = None,
+    time_budget_s: float | None = None,
+    min_repeats: int = 1,
+    max_memory: int | None = None,
+    contended_cores: float | None = None,
+    retimes: int = 1,
+    worker: int = 0,
+    on_timing: Callable[[bool], None] | None = None,
+) -> list[Measurement]:
+    """`measure` for several programs in one job: all compiled and checked first, then timed
+    in turn, `rounds` times (each round as `measure` times one program), so they share the
+    machine's state and load; each median is over all its rounds' runs. `timeout_s` bounds
+    the whole job."""
+    if repeats < 0 or warmup < 0 or retimes < 0 or min_repeats < 1 or rounds < 1:
+        raise ValueError(f"repeats, warmup and retimes must be >= 0, min_repeats and rounds "
+                         f">= 1, got {repeats}, {warmup}, {retimes}, {min_repeats} and {rounds}")
+    if contended_cores is not None and not contended_cores > 0:
+        raise ValueError(f"contended_cores must be more than 0, got {contended_cores}")
+    programs = tuple(programs)
     timeout_s = check_timeout(timeout_s)
     max_memory = default_max_memory() if max_memory is None else check_max_memory(max_memory)
-    job = _Job(next(_job_ids), prog, options, repeats, warmup, seed, check, timeout_s,
-               max_memory, time_budget_s, min_repeats)
+    job = _Job(next(_job_ids), programs, options, repeats, warmup, seed, check, timeout_s,
+               max_memory, time_budget_s, min_repeats, rounds, contended_cores, retimes)
     settings = {"repeats": repeats, "warmup": warmup, "seed": seed, "timeout_s": timeout_s,
                 "time_budget_s": time_budget_s, "min_repeats": min_repeats,
-                "max_memory": max_memory}
+                "max_memory": max_memory, "rounds": rounds}
     with _pool_lock:
         lock = _locks[worker]
     with lock:
@@ -644,20 +758,22 @@ def measure(
                 current.stop()
             current = _workers[worker] = _Worker()
         try:
-            result = current.ask(job, on_timing)
+            results = current.ask(job, on_timing)
         except _WorkerLost as lost:
-            result = Measurement(correct=False, error=str(lost), error_kind=lost.kind)
+            results = [Measurement(correct=False, error=str(lost), error_kind=lost.kind)
+                       for _ in programs]
         except BaseException:
             _workers.pop(worker, None)  # `ask` stopped it
             raise
-        if result.error_kind == TRANSIENT:  # out of memory or worse: the next job starts afresh
-            current.stop()
+        if any(r.error_kind == TRANSIENT for r in results):
+            current.stop()  # out of memory or worse: the next job starts afresh
         if not current.alive():
             _workers.pop(worker, None)
-    result.info.setdefault("machine", machine.facts())
-    result.info["settings"] = settings
-    result.info["program_hash"] = prog.hash()
-    return result
+    for result, prog in zip(results, programs):
+        result.info.setdefault("machine", machine.facts())
+        result.info["settings"] = settings
+        result.info["program_hash"] = prog.hash()
+    return results
 
 
 @atexit.register

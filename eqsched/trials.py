@@ -29,10 +29,20 @@ from .db import MEASUREMENT_SETTINGS, Database, Record
 from .egraph.derive import DeriveError
 from .egraph.term import Sizes, Term, show
 from .ir import LoopKind, Program
-from .runner import Measurement, check_max_memory, check_timeout, measure
+from .runner import (
+    MAX_TIMEOUT_S,
+    Measurement,
+    check_max_memory,
+    check_timeout,
+    measure,
+    measure_side_by_side,
+)
 
 if TYPE_CHECKING:
     from .extract.search import Candidate
+
+
+BUSY_FOR_GOOD = 3
 
 
 @dataclass
@@ -51,6 +61,15 @@ class Settings:
     # What the code is compiled for, as `Target.parse` reads it ("host", "host,-avx512f",
     # "haswell", or a Target); kept as its normalized spec, which names it in the database.
     target: str = "host"
+    # The winner's curse: the best of many noisy timings is biased fast. At the end of a run
+    # the best `finalists` are timed again side by side, `final_rounds` times in turn, and the
+    # best re-measured median wins (0: keep the best single measurement).
+    finalists: int = 4
+    final_rounds: int = 5
+    # A timing during which other processes kept this many cores' worth busy is taken again
+    # once (the quieter kept) and counted; None: never. Explore with several jobs adds the
+    # other jobs' cores.
+    contended_cores: float | None = 0.5
 
     def __post_init__(self) -> None:
         # A target LLVM does not know is refused here (TargetError), before anything runs; so
@@ -59,6 +78,11 @@ class Settings:
         self.timeout_s = check_timeout(self.timeout_s)
         if self.max_memory is not None:
             check_max_memory(self.max_memory)
+        if self.contended_cores is not None and not self.contended_cores > 0:
+            raise ValueError(f"contended_cores must be more than 0, got {self.contended_cores}")
+        if self.finalists < 0 or self.final_rounds < 1:
+            raise ValueError(f"finalists must be >= 0 and final_rounds >= 1, got "
+                             f"{self.finalists} and {self.final_rounds}")
 
     def options(self) -> CompileOptions:
         return CompileOptions(threads=self.threads, target=Target.parse(self.target))
@@ -77,13 +101,28 @@ class Settings:
         """The stored measurement under `key` (`measurement_key`) taken with these settings."""
         return database.lookup(workload, size, key, self.target, self.outcome())
 
+    def measure_side_by_side(self, programs: list[Program],
+                             on_timing: Callable[[bool], None] | None = None
+                             ) -> list[Measurement]:
+        """`runner.measure_side_by_side` of the finalists with these settings (each program
+        gets the per-candidate timeout)."""
+        return measure_side_by_side(
+            programs, rounds=self.final_rounds, repeats=self.repeats, warmup=self.warmup,
+            timeout_s=min(MAX_TIMEOUT_S, self.timeout_s * len(programs)),
+            seed=self.input_seed, time_budget_s=self.time_budget_s,
+            min_repeats=self.min_repeats, max_memory=self.max_memory,
+            contended_cores=self.contended_cores, retimes=1, on_timing=on_timing,
+            options=self.options())
+
     def measure(self, program: Program, *, worker: int = 0,
-                on_timing: Callable[[bool], None] | None = None) -> Measurement:
+                on_timing: Callable[[bool], None] | None = None,
+                contended_cores: float | None = None, retimes: int = 0) -> Measurement:
         """`runner.measure` of `program` with these settings (in worker process `worker`)."""
         return measure(program, repeats=self.repeats, warmup=self.warmup,
                        timeout_s=self.timeout_s, seed=self.input_seed,
                        time_budget_s=self.time_budget_s, min_repeats=self.min_repeats,
-                       max_memory=self.max_memory, worker=worker, on_timing=on_timing,
+                       max_memory=self.max_memory, contended_cores=contended_cores,
+                       retimes=retimes, worker=worker, on_timing=on_timing,
                        options=self.options())
 
 
@@ -97,7 +136,8 @@ def record_of(workload: str, size: list[int], key: str, term: Term, sizes: Sizes
         workload=workload, size=list(size), program_hash=key, structure=show(term),
         sizes={f"{g}|{p}": e for (g, p), e in sizes.items()}, trace=trace, times=m.times,
         median_s=m.median_s, gflops=m.gflops, correct=m.correct, error=error,
-        error_kind=m.error_kind, target=settings.target, settings=settings.outcome(), **more)
+        error_kind=m.error_kind, target=settings.target, settings=settings.outcome(),
+        others_cores=m.others_cores, load=m.load, **more)
 
 
 def measurement_key(prog: Program, settings: Settings) -> str:
@@ -154,10 +194,17 @@ class Measurer:
     measurement under the run's id."""
 
     def __init__(self, database: Database, workload: str, size: list[int], naive: Program,
-                 settings: Settings, run_id: int | None, gate: TimingGate | None = None):
+                 settings: Settings, run_id: int | None, gate: TimingGate | None = None,
+                 jobs: int = 1):
         self.database, self.workload, self.size = database, workload, list(size)
         self.naive, self.settings, self.run_id = naive, settings, run_id
         self.gate = gate or TimingGate()
+        limit = settings.contended_cores
+        # The run's other jobs time beside each one on purpose: their cores are not contention.
+        self.contended_at = (None if limit is None
+                             else limit + (jobs - 1) * settings.options().thread_count)
+        self.contended = 0  # timings beside other processes that competed for the cores
+        self.contended_in_a_row = 0
 
     def trial(self, cand: Candidate, predicted_s: float, round_index: int,
               worker: int = 0) -> Trial:
@@ -183,8 +230,17 @@ class Measurer:
         except DeriveError as err:
             # Only replayable programs may be reported; this one is recorded as an error.
             return [], Measurement(correct=None, error=f"no replayable trace: {err}")
-        return trace, self.settings.measure(cand.program, worker=worker,
-                                            on_timing=self.gate.on_timing)
+        # On a machine busy for good, timing again only costs time: after BUSY_FOR_GOOD
+        # contended timings in a row, timings are taken once (and still counted) until a
+        # quiet one.
+        retimes = 0 if self.contended_in_a_row >= BUSY_FOR_GOOD else 1
+        m = self.settings.measure(cand.program, worker=worker, on_timing=self.gate.on_timing,
+                                  contended_cores=self.contended_at, retimes=retimes)
+        if m.others_cores is not None and self.contended_at is not None:
+            contended = m.others_cores >= self.contended_at
+            self.contended += contended or m.retimed > 0
+            self.contended_in_a_row = self.contended_in_a_row + 1 if contended else 0
+        return trace, m
 
     def naive_median_s(self) -> float | None:
         """The naive program's median time (for the speedup), measured once per machine and

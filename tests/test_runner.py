@@ -34,6 +34,7 @@ from eqsched.runner import (
     default_max_memory,
     kernel_inputs,
     measure,
+    measure_side_by_side,
     shutdown,
     worker_pids,
 )
@@ -63,7 +64,7 @@ def test_a_correct_program_is_checked_then_timed(matmul):
     assert m.info["backend"]["cpu_name"] and m.info["machine"]["peak_gflops_per_core"] > 0
     assert m.info["settings"] == {"repeats": 4, "warmup": 1, "seed": 0, "timeout_s": 120.0,
                                   "time_budget_s": None, "min_repeats": 1,
-                                  "max_memory": default_max_memory()}
+                                  "max_memory": default_max_memory(), "rounds": 1}
     assert m.error_kind is None
     assert m.info["program_hash"] == matmul.hash()
     assert isinstance(m.to_json()["times"], list)
@@ -165,6 +166,39 @@ def test_the_caller_hears_when_timing_starts_and_ends(matmul):
     assert heard == []  # a wrong program is not timed
 
 
+def test_programs_timed_side_by_side_take_turns_and_each_is_checked(matmul):
+    wrong = _edit_block(matmul, "C.init", value=Const(1.0, "float32"))
+    heard = []
+    first, bad, second = measure_side_by_side([matmul, wrong, matmul], rounds=3, repeats=2,
+                                              on_timing=heard.append)
+    assert heard == [True, False]  # one job: compiled and checked, then timed in turn
+    assert bad.correct is False and bad.times == []
+    for m in (first, second):
+        assert m.correct is True and len(m.times) == 3 * 2
+        assert m.median_s == np.median(m.times) and m.info["settings"]["rounds"] == 3
+    with pytest.raises(ValueError, match="rounds"):
+        measure_side_by_side([matmul], rounds=0)
+
+
+def test_a_timing_records_the_load_of_other_processes(matmul):
+    quiet = measure(matmul, repeats=3)
+    assert quiet.others_cores is not None and quiet.others_cores >= 0 and quiet.load >= 0
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        busy = measure(matmul, repeats=3)
+        again = measure(matmul, repeats=3, contended_cores=0.5, retimes=1)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    # The spinner keeps a core busy; what else runs can only add to it. A counter tick (10 ms
+    # per core over the window) is the margin.
+    assert busy.others_cores >= 0.8 and busy.retimed == 0
+    assert again.others_cores >= 0.8 and again.retimed == 1 and len(again.times) == 3
+    with pytest.raises(ValueError, match="contended_cores"):
+        measure(matmul, contended_cores=0)
+
+
 def test_workers_measure_from_several_threads():
     from concurrent.futures import ThreadPoolExecutor
 
@@ -184,7 +218,7 @@ def _hanging(prog):
 
 
 def _job(job_id, prog, timeout_s=60.0, repeats=1):
-    return _Job(job_id, prog, None, repeats, 0, 0, True, timeout_s, default_max_memory())
+    return _Job(job_id, (prog,), None, repeats, 0, 0, True, timeout_s, default_max_memory())
 
 
 def _gone(pid):

@@ -15,6 +15,7 @@ from eqsched.egraph.space import build_space
 from eqsched.extract import EvolutionarySearch, get_cost_model
 from eqsched.ir import naive_program
 from eqsched.rules import default_rules
+from eqsched.runner import Measurement
 from eqsched.schedule import Schedule
 from eqsched.trials import Measurer, Settings, TimingGate, measurement_key
 from eqsched.workloads import get_workload
@@ -54,6 +55,7 @@ def test_a_candidate_is_measured_and_stored_with_its_trace(db, naive, candidate)
     (record,) = db.records("matmul", SIZE)
     assert record.program_hash == measurement_key(candidate.program, FAST)
     assert record.median_s == trial.median_s and record.predicted_s == 1e-3
+    assert record.others_cores >= 0 and record.load >= 0  # the machine while it was timed
     assert Schedule.replay(naive, record.trace).program.hash() == candidate.hash
 
 
@@ -111,6 +113,29 @@ def test_a_candidate_whose_trace_cannot_be_derived_is_recorded_as_an_error(db, n
     assert trial.error == "no replayable trace: the test's missing primitive"
     (record,) = db.records("matmul", SIZE)
     assert record.error == trial.error and record.trace == [] and record.median_s is None
+
+
+def test_a_contended_timing_is_taken_again_until_the_machine_stays_busy(db, naive, candidate,
+                                                                       monkeypatch):
+    asked = []
+
+    def busy_machine(prog, **kw):  # another process keeps a core busy at every timing
+        asked.append((kw["contended_cores"], kw["retimes"]))
+        return Measurement(correct=True, times=[1e-3], median_s=1e-3, gflops=1.0,
+                           others_cores=1.0, retimed=kw["retimes"])
+
+    monkeypatch.setattr(trials_module, "measure", busy_machine)
+    m = Measurer(db, "matmul", SIZE, naive, FAST, None, TimingGate(), jobs=2)
+    for _ in range(trials_module.BUSY_FOR_GOOD + 2):
+        m._measure(candidate, 0)
+    # Two jobs time beside each other on purpose: one core of theirs is not contention.
+    assert {limit for limit, _ in asked} == {FAST.contended_cores + 1}
+    alone = Measurer(db, "matmul", SIZE, naive, FAST, None, TimingGate())
+    asked.clear()
+    for _ in range(trials_module.BUSY_FOR_GOOD + 2):
+        alone._measure(candidate, 0)
+    assert [retimes for _, retimes in asked] == [1] * trials_module.BUSY_FOR_GOOD + [0, 0]
+    assert alone.contended == trials_module.BUSY_FOR_GOOD + 2
 
 
 def test_the_naive_time_is_measured_once_per_machine_and_target(db, naive, monkeypatch):
