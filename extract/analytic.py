@@ -19,7 +19,7 @@ after the other). Per block, in cycles of the machine model's reference clock:
                                                  the L1i issues at LEGACY_DECODE_SHARE of it
     latency  = updates per accumulator * FMA latency, when the accumulator is carried through the
                block's innermost serial loop (too few accumulators stall on FMA latency);
-               RMW_CYCLES per update when it is not, and so updated in memory
+               RMW_CYCLES per update and register when it is not, and so updated in memory
     X_fill   = cache lines brought into level X * cycles per line from the level below, at the
                bandwidth one core gets while the nest's threads stream at once
                (l1_fill, l2_fill, dram)
@@ -86,7 +86,7 @@ SOFT_MAX_POWER = 4  # how saturated resources overlap
 CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks thousands)
 # Costs of code shapes the calibration does not measure, in reference cycles: fitted once to
 # measured programs (docs/ARCHITECTURE.md §17.4) and small next to the throughput terms.
-RMW_CYCLES = 3.0  # an accumulator updated in memory each iteration: load, FMA, store
+RMW_CYCLES = 3.0  # a register of an accumulator updated in memory: load, FMA, store
 SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
 LOOP_ENTRY_CYCLES = 3.0
 PARALLEL_CALL_SECONDS = 5e-6  # the backend's thread pool hands out a parallel loop's chunks
@@ -328,7 +328,8 @@ class _BlockCoster:
                 self._op("loads", 1, placed, per_lane["loads"])
                 self._op("stores", 1, placed, per_lane["stores"])
                 if self.innermost in placed:  # updated in memory, reloaded after its store
-                    latency = self._count(placed) * RMW_CYCLES
+                    # per register of the accumulator: a 56-lane row is four round trips
+                    latency = self._count(placed) * self._registers(deps) * RMW_CYCLES
             if self.innermost >= 0 and self.innermost not in deps and not scattered:
                 latency = self._count(everywhere) / chains * self.machine.fma_latency  # carried
                 live = True
