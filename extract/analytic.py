@@ -12,7 +12,10 @@ after the other). Per block, in cycles of the machine model's reference clock:
 
     compute  = vector ops x cycles per op        FMA throughput at the op's width (full or half)
     loads    = loads x cycles per load           contiguous vector loads, broadcasts, gathers
-                                                 (a scalar load per lane)
+                                                 (a scalar load per lane); a vector load not
+                                                 known to be aligned crosses a cache line at
+                                                 the share of offsets that make it, costed at
+                                                 the calibrated split rate
     stores   = stores x cycles per store         contiguous vector stores, scatters (a scalar
                                                  store per lane)
     issue    = instructions / issue width        loop bookkeeping included; a body too big for
@@ -425,9 +428,25 @@ class _BlockCoster:
         if gather:  # a scalar load per lane
             self._op("loads", 1, placed, self.lanes * self.machine.op_cycles("loads", 1))
             self._op("compute", GATHER_ALU, placed)
+        elif lane_stride and not self._aligned(ld.indices, access):
+            # Registers that cross a cache line take the split rate (conv2d's rows at q + s).
+            self._op("loads", 1, self._hoisted(deps),
+                     self.machine.unaligned_load_cycles(self.lanes))
         else:
             self._op("loads", 1, self._hoisted(deps))
         return deps
+
+    def _aligned(self, indices: tuple[Expr, ...], access: _Access) -> bool:
+        """Whether every register of a contiguous vector access starts on a register boundary:
+        its offset and the strides of all other loops are multiples of a register's lanes
+        (buffers start on a line: the kernel aligns what it allocates, callers align inputs)."""
+        lanes = min(self.lanes, self.machine.vector_lanes)
+        if any(c % lanes for d, c in access.strides if d != self.vec):
+            return False
+        dims = self.shape[access.buffer]
+        offset = sum(self._affine(ix)[1] * math.prod(dims[d + 1:])
+                     for d, ix in enumerate(indices))
+        return offset % lanes == 0
 
     def _hoisted(self, deps: frozenset[int]) -> frozenset[int]:
         """Where a value invariant in the innermost serial loop is computed: hoisted out of it

@@ -156,6 +156,22 @@ def test_an_accumulator_in_memory_makes_a_round_trip_per_register(model):
     assert model.breakdown(wide.program)["latency"] == pytest.approx(narrow["latency"])
 
 
+def test_a_vector_load_off_a_register_boundary_pays_for_the_lines_it_crosses(model):
+    """Y[i, j] = X[i, j + s]: rows 96 floats apart (a multiple of a zmm), so the loads are
+    aligned at s = 0 and cross a line 15 times in 16 at s = 1 (conv2d's rows at q + 1)."""
+    x = placeholder((64, 96), "X")
+
+    def shifted(s):
+        naive = naive_program(Computation("copy", [compute((64, 64), lambda i, j: x[i, j + s],
+                                                           "Y")]))
+        sch = Schedule(naive)
+        sch.split("Y.j", [4, 16])
+        sch.vectorize("Y.j.1")
+        return model.breakdown(sch.program)["loads"]
+
+    assert shifted(1) > 1.5 * shifted(0)
+
+
 def test_unrolling_the_register_tile_matters(model):
     # Without unrolling, the tile loops are serial: one accumulator at a time, in memory.
     naive = matmul()
