@@ -60,7 +60,7 @@ import numpy as np
 from .backend.target import Target, create_target_machine, host
 from .machine import cache_levels, cache_sizes, facts
 
-CALIBRATION_VERSION = 3  # bump when a kernel or a field changes: older cache files are redone
+CALIBRATION_VERSION = 4  # bump when a kernel or a field changes: older cache files are redone
 LEVELS = ("L1d", "L2", "L3", "DRAM")
 PORTS = ("compute", "loads", "stores")
 # Used only where sysfs says nothing: the smallest caches of a current x86 core.
@@ -105,6 +105,7 @@ class MachineModel:
     loads_per_cycle_half: float
     stores_per_cycle: float
     stores_per_cycle_half: float
+    split_loads_per_cycle: float  # full-width loads that each cross a cache line
     bandwidth: dict[str, float]
     bandwidth_all_cores: dict[str, float]
     cores: int
@@ -127,6 +128,15 @@ class MachineModel:
         if 2 * lanes <= self.vector_lanes:
             return 1 / half
         return math.ceil(lanes / self.vector_lanes) / full
+
+    def unaligned_load_cycles(self, lanes: int) -> float:
+        """Cycles of a contiguous load of `lanes` float32 whose address has no known alignment:
+        at a uniformly random 4-byte offset, a register of w lanes crosses a cache line with
+        probability (w - 1) / (floats per line), and those loads run at the split rate."""
+        width = min(lanes, self.vector_lanes)
+        crossing = (width - 1) / (self.line_bytes // 4)
+        split = self.instructions(lanes) / self.split_loads_per_cycle
+        return (1 - crossing) * self.op_cycles("loads", lanes) + crossing * split
 
     def instructions(self, lanes: int) -> int:
         """Instructions of one operation on `lanes` lanes: one per vector register."""
@@ -165,8 +175,8 @@ class MachineModel:
                f"width), latency {self.fma_latency:.2f} cycles; peak {self.peak_gflops:.1f} "
                "GFLOPS per core",
                f"loads: {self.loads_per_cycle:.2f} per cycle ({self.loads_per_cycle_half:.2f} "
-               f"at half width); stores: {self.stores_per_cycle:.2f} "
-               f"({self.stores_per_cycle_half:.2f})"]
+               f"at half width, {self.split_loads_per_cycle:.2f} across a line); stores: "
+               f"{self.stores_per_cycle:.2f} ({self.stores_per_cycle_half:.2f})"]
         for level in LEVELS:
             size = f"{self.caches[level] >> 10} KiB" if level in self.caches else "memory"
             one, every = self.bandwidth[level], self.bandwidth_all_cores[level]
@@ -272,11 +282,12 @@ _VECTOR_OPS = 16  # loads or stores per iteration; dependent FMAs per iteration:
 _STREAM_UNROLL = 8
 
 
-def _kernels_ir(lanes: int, accumulators: int) -> str:
-    """The calibration kernels for vectors of `lanes` float32 (and half that)."""
+def _kernels_ir(lanes: int, accumulators: int, line: int) -> str:
+    """The calibration kernels for vectors of `lanes` float32 (and half that) on a machine of
+    `line`-byte cache lines."""
     bits = lanes * 32
     parts = [_clock_ir(), _issue_ir(), _fma_chain_ir(lanes), _stream_ir("stream", lanes, 4 * lanes),
-             _stream_ir("walk", lanes, STRIDE_BYTES)]
+             _stream_ir("walk", lanes, STRIDE_BYTES), _split_loads_ir(lanes, line)]
     for width in (lanes, lanes // 2):
         parts += [_fma_ir(width, accumulators), _moves_ir(width)]
     parts.append(f'attributes #0 = {{ "min-legal-vector-width"="{bits}" '
@@ -363,6 +374,18 @@ def _moves_ir(lanes: int) -> str:
         for kind, body in (("load", read), ("store", write)))
 
 
+def _split_loads_ir(lanes: int, line: int) -> str:
+    """split_load(steps, buf): volatile vector loads, one per line of an L1-resident buffer,
+    each starting 4 bytes before the line's end, so every one crosses into the next line (a
+    row of conv2d's padded input read at q + 1 does, 15 times in 16 for a zmm)."""
+    vec = f"<{lanes} x float>"
+    loads = [f"  %p{n} = getelementptr i8, ptr %buf, i64 {n * line + line - 4}"
+             for n in range(_VECTOR_OPS)]
+    read = [f"  %v{n} = load volatile {vec}, ptr %p{n}, align 4" for n in range(_VECTOR_OPS)]
+    return "\n".join(_loop(["define void @split_load(i64 %steps, ptr noalias %buf) #0 {",
+                            "entry:", *loads], [], read, ["  ret void"]))
+
+
 def _stream_ir(name: str, lanes: int, stride: int) -> str:
     """name(base, groups, passes, pass_step, out): `passes` times, from base + pass * pass_step,
     read `groups` x 8 vectors `stride` bytes apart, summed as integers (one cycle of latency:
@@ -402,13 +425,13 @@ def _stream_ir(name: str, lanes: int, stride: int) -> str:
 class _Kernels:
     """The compiled kernels of one target (the engine must outlive the function pointers)."""
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, line: int):
         llvm.initialize_native_asmparser()  # the clock kernels are inline assembly
         self.lanes = target.vector_lanes
         # Enough independent accumulators for latency x pipes (4-5 x 2), leaving registers for
         # the two operands; 16 registers allow 12.
         self.accumulators = min(16, target.vector_registers - 4)
-        module = llvm.parse_assembly(_kernels_ir(self.lanes, self.accumulators))
+        module = llvm.parse_assembly(_kernels_ir(self.lanes, self.accumulators, line))
         module.triple = host()["triple"]
         module.verify()
         self.engine = llvm.create_mcjit_compiler(module, create_target_machine(3, target))
@@ -426,6 +449,7 @@ class _Kernels:
                      for w in (self.lanes, self.lanes // 2)}
         self.store = {w: self._get(f"store{w}", None, steps, pointer)
                       for w in (self.lanes, self.lanes // 2)}
+        self.split_load = self._get("split_load", None, steps, pointer)
 
     def _get(self, name: str, result: object, *args: object) -> Callable:
         return ctypes.CFUNCTYPE(result, *args)(self.engine.get_function_address(name))
@@ -475,17 +499,18 @@ def calibrate(target: Target | None = None, *, seconds: float = 0.002,
     target = target or Target.host()
     began = time.perf_counter()
     target.check_runs_here()
+    line, sets, ways = l1_geometry()
     try:
-        kernels = _Kernels(target)
+        kernels = _Kernels(target, line)
     except RuntimeError as err:
         first = (str(err).strip().splitlines() or ["no message"])[0]
         raise CalibrationError(f"calibration of {target}: a kernel did not compile: {first}") \
             from None
     caches = {**FALLBACK_CACHES, **cache_sizes()}
-    line, sets, ways = l1_geometry()
     l2_sets, l2_ways = l2_geometry()
     io = (ctypes.c_float * 2)(0.999999, 1e-3)
     scratch = _Buffer(_VECTOR_OPS * 64)
+    lines = _Buffer(_VECTOR_OPS * line + line)  # split loads read past each of 16 lines
 
     def measured(name: str, value: float) -> float:
         low, high = BOUNDS[name]
@@ -515,6 +540,8 @@ def calibrate(target: Target | None = None, *, seconds: float = 0.002,
             call = getattr(kernels, kind)[width]
             figures[f"{kind}s_per_cycle{suffix}"] = per_cycle(
                 f"{kind}s_per_cycle", lambda n, call=call: call(n, scratch.address), _VECTOR_OPS)
+    figures["split_loads_per_cycle"] = per_cycle(
+        "loads_per_cycle", lambda n: kernels.split_load(n, lines.address), _VECTOR_OPS)
     streams = _Streams(kernels, caches, line, seconds, repeats)
     bandwidth, all_cores = streams.bandwidths()
     bandwidth = {level: measured("bandwidth", b / hz) for level, b in bandwidth.items()}

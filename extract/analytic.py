@@ -12,14 +12,17 @@ after the other). Per block, in cycles of the machine model's reference clock:
 
     compute  = vector ops x cycles per op        FMA throughput at the op's width (full or half)
     loads    = loads x cycles per load           contiguous vector loads, broadcasts, gathers
-                                                 (a scalar load per lane)
+                                                 (a scalar load per lane); a vector load not
+                                                 known to be aligned crosses a cache line at
+                                                 the share of offsets that make it, costed at
+                                                 the calibrated split rate
     stores   = stores x cycles per store         contiguous vector stores, scatters (a scalar
                                                  store per lane)
     issue    = instructions / issue width        loop bookkeeping included; a body too big for
                                                  the L1i issues at LEGACY_DECODE_SHARE of it
     latency  = updates per accumulator * FMA latency, when the accumulator is carried through the
                block's innermost serial loop (too few accumulators stall on FMA latency);
-               RMW_CYCLES per update when it is not, and so updated in memory
+               RMW_CYCLES per update and register when it is not, and so updated in memory
     X_fill   = cache lines brought into level X * cycles per line from the level below, at the
                bandwidth one core gets while the nest's threads stream at once
                (l1_fill, l2_fill, dram)
@@ -86,7 +89,7 @@ SOFT_MAX_POWER = 4  # how saturated resources overlap
 CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks thousands)
 # Costs of code shapes the calibration does not measure, in reference cycles: fitted once to
 # measured programs (docs/ARCHITECTURE.md §17.4) and small next to the throughput terms.
-RMW_CYCLES = 3.0  # an accumulator updated in memory each iteration: load, FMA, store
+RMW_CYCLES = 3.0  # a register of an accumulator updated in memory: load, FMA, store
 SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
 LOOP_ENTRY_CYCLES = 3.0
 PARALLEL_CALL_SECONDS = 5e-6  # the backend's thread pool hands out a parallel loop's chunks
@@ -328,7 +331,8 @@ class _BlockCoster:
                 self._op("loads", 1, placed, per_lane["loads"])
                 self._op("stores", 1, placed, per_lane["stores"])
                 if self.innermost in placed:  # updated in memory, reloaded after its store
-                    latency = self._count(placed) * RMW_CYCLES
+                    # per register of the accumulator: a 56-lane row is four round trips
+                    latency = self._count(placed) * self._registers(deps) * RMW_CYCLES
             if self.innermost >= 0 and self.innermost not in deps and not scattered:
                 latency = self._count(everywhere) / chains * self.machine.fma_latency  # carried
                 live = True
@@ -424,9 +428,25 @@ class _BlockCoster:
         if gather:  # a scalar load per lane
             self._op("loads", 1, placed, self.lanes * self.machine.op_cycles("loads", 1))
             self._op("compute", GATHER_ALU, placed)
+        elif lane_stride and not self._aligned(ld.indices, access):
+            # Registers that cross a cache line take the split rate (conv2d's rows at q + s).
+            self._op("loads", 1, self._hoisted(deps),
+                     self.machine.unaligned_load_cycles(self.lanes))
         else:
             self._op("loads", 1, self._hoisted(deps))
         return deps
+
+    def _aligned(self, indices: tuple[Expr, ...], access: _Access) -> bool:
+        """Whether every register of a contiguous vector access starts on a register boundary:
+        its offset and the strides of all other loops are multiples of a register's lanes
+        (buffers start on a line: the kernel aligns what it allocates, callers align inputs)."""
+        lanes = min(self.lanes, self.machine.vector_lanes)
+        if any(c % lanes for d, c in access.strides if d != self.vec):
+            return False
+        dims = self.shape[access.buffer]
+        offset = sum(self._affine(ix)[1] * math.prod(dims[d + 1:])
+                     for d, ix in enumerate(indices))
+        return offset % lanes == 0
 
     def _hoisted(self, deps: frozenset[int]) -> frozenset[int]:
         """Where a value invariant in the innermost serial loop is computed: hoisted out of it

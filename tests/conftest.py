@@ -42,7 +42,8 @@ def synthetic_machine_model() -> MachineModel:
         caches={"L1d": 48 << 10, "L1i": 32 << 10, "L2": 1 << 20, "L3": 32 << 20}, hz=3e9,
         issue_width=4.0, fma_per_cycle=2.0, fma_per_cycle_half=2.0, fma_latency=4.0,
         loads_per_cycle=2.0, loads_per_cycle_half=2.0, stores_per_cycle=1.0,
-        stores_per_cycle_half=1.0, bandwidth={"L1d": 128.0, "L2": 48.0, "L3": 16.0, "DRAM": 5.0},
+        stores_per_cycle_half=1.0, split_loads_per_cycle=1.0,
+        bandwidth={"L1d": 128.0, "L2": 48.0, "L3": 16.0, "DRAM": 5.0},
         bandwidth_all_cores={"L1d": 256.0, "L2": 96.0, "L3": 28.0, "DRAM": 6.0}, cores=2,
         strided_fill=4.0)
 

@@ -116,6 +116,62 @@ def test_a_register_tile_beats_accumulating_in_memory(model):
     assert tiled < streaming / 2
 
 
+def conv2d_resnet(accumulate_in_registers: bool):
+    """conv2d 64x56x56, 3x3, vectorized along the 56-wide rows as a masked 64-lane vector (four
+    zmm). In registers: 4 output channels of one row accumulate over the whole (c, r, s)
+    reduction. In memory: the innermost serial loop runs over 32 output channels, so each row of
+    Y is loaded, updated three times (s) and stored back at every step (explore's winner before
+    the fix, measured 0.57-0.6x onnxruntime against 0.8-1.0x for the register tile)."""
+    s = Schedule(naive_program(get_workload("conv2d_nchw").build(1, 64, 56, 56, 64, 3, 3, 1, 1)))
+    if accumulate_in_registers:
+        s.split("Y.k", [16, 1, 1, 4])
+        s.split("Y.q", [1, 1, 1, 64])
+        s.reorder("Y.n", "Y.k.0", "Y.p", "Y.k.1", "Y.q.0", "Y.q.1", "Y.k.2", "Y.q.2", "Y.rc",
+                  "Y.ry", "Y.rx", "Y.k.3", "Y.q.3")
+        for tile_loop in ("Y.ry", "Y.rx", "Y.k.3"):
+            s.unroll(tile_loop)
+    else:
+        s.split("Y.k", [1, 2, 1, 32])
+        s.split("Y.p", [28, 1, 2, 1])
+        s.split("Y.q", [1, 1, 1, 64])
+        s.reorder("Y.n", "Y.k.0", "Y.q.0", "Y.k.1", "Y.q.1", "Y.rc", "Y.p.0", "Y.ry", "Y.k.2",
+                  "Y.p.1", "Y.p.2", "Y.k.3", "Y.rx", "Y.q.2", "Y.p.3", "Y.q.3")
+        for tile_loop in ("Y.k.1", "Y.p.2", "Y.rx"):
+            s.unroll(tile_loop)
+    s.vectorize("Y.q.3")
+    return s.program
+
+
+def test_an_accumulator_in_memory_makes_a_round_trip_per_register(model):
+    """Each zmm of a 64-lane accumulator row is loaded, updated and stored on its own: four
+    round trips per update, so the register tile wins, as measured side by side."""
+    in_registers, in_memory = conv2d_resnet(True), conv2d_resnet(False)
+    assert model.predict([in_registers])[0] < 0.75 * model.predict([in_memory])[0]
+    naive = matmul()
+    narrow = model.breakdown(row_streaming(naive))  # C in 16-lane pieces: one zmm per update
+    wide = Schedule(naive)
+    wide.reorder("C.i", "C.k", "C.j")
+    wide.split("C.j", [512 // 64, 64])
+    wide.vectorize("C.j.1")  # a quarter of the updates, four zmm each
+    assert model.breakdown(wide.program)["latency"] == pytest.approx(narrow["latency"])
+
+
+def test_a_vector_load_off_a_register_boundary_pays_for_the_lines_it_crosses(model):
+    """Y[i, j] = X[i, j + s]: rows 96 floats apart (a multiple of a zmm), so the loads are
+    aligned at s = 0 and cross a line 15 times in 16 at s = 1 (conv2d's rows at q + 1)."""
+    x = placeholder((64, 96), "X")
+
+    def shifted(s):
+        naive = naive_program(Computation("copy", [compute((64, 64), lambda i, j: x[i, j + s],
+                                                           "Y")]))
+        sch = Schedule(naive)
+        sch.split("Y.j", [4, 16])
+        sch.vectorize("Y.j.1")
+        return model.breakdown(sch.program)["loads"]
+
+    assert shifted(1) > 1.5 * shifted(0)
+
+
 def test_unrolling_the_register_tile_matters(model):
     # Without unrolling, the tile loops are serial: one accumulator at a time, in memory.
     naive = matmul()

@@ -17,6 +17,7 @@ from eqsched.egraph.term import (
     pack_factors,
     pack_symbol,
     parent_path,
+    remainder_tiles,
     show,
     split_path,
     symbols,
@@ -74,3 +75,12 @@ def test_pack_factors_are_the_divisors_and_the_padded_vector_tiles():
     assert pack_factors(12) == (2, 3, 4, 6, 8, 12, 16)
     assert pack_factors(127) == (8, 16, 32, 64, 127, 128)
     assert {16, 32, 64}.issubset(pack_factors(1000)) and 48 not in pack_factors(1000)
+
+
+def test_remainder_tiles_add_register_tiles_that_leave_two_steps_or_more():
+    # 64 output channels in rows of six accumulators: 10 whole steps and one of 4.
+    assert remainder_tiles(64) == (3, 5, 6, 7)
+    assert remainder_tiles(56) == (3, 5, 6, 16, 32, 64)  # 7 divides 56
+    assert remainder_tiles(7) == (3, 8)
+    assert remainder_tiles(5) == (8,) and remainder_tiles(3) == ()  # small loops stay whole
+    assert 6 not in pack_factors(64)  # six rows are no panel a vector reads whole

@@ -25,6 +25,7 @@ def test_a_tiny_calibration_of_the_host_gives_sane_figures(host_model):
     assert 2e8 < host_model.hz < 1e10
     assert host_model.fma_per_cycle > 0 and host_model.fma_latency >= 1
     assert host_model.loads_per_cycle > 0 and host_model.stores_per_cycle > 0
+    assert 0 < host_model.split_loads_per_cycle  # every one of its loads crosses a line
     one = host_model.bandwidth
     assert one["L1d"] >= one["L2"] >= one["L3"] >= one["DRAM"] > 0
     assert one["L1d"] > 2 * one["DRAM"]  # the clamp to monotone cannot make this true
@@ -84,6 +85,16 @@ def test_half_vectors_issue_at_the_half_width_rate_and_wider_ones_take_whole_vec
     assert model.op_cycles("compute", 32) == 2.0
     assert model.op_cycles("stores", 16) == 2.0
     assert model.instructions(8) == 1 and model.instructions(48) == 3
+
+
+def test_an_unaligned_load_pays_the_split_rate_for_the_offsets_that_cross_a_line(
+        synthetic_machine):
+    # 2 loads a cycle, 1 across a line. A zmm (16 lanes) crosses a 64-byte line at 15 of 16
+    # offsets, a ymm at 7 of 16, a 64-lane vector is four zmm.
+    model = synthetic_machine
+    assert model.unaligned_load_cycles(16) == pytest.approx(1 / 16 * 0.5 + 15 / 16 * 1.0)
+    assert model.unaligned_load_cycles(8) == pytest.approx(9 / 16 * 0.5 + 7 / 16 * 1.0)
+    assert model.unaligned_load_cycles(64) == pytest.approx(4 * model.unaligned_load_cycles(16))
 
 
 def test_cores_share_a_level_as_calibrated(synthetic_machine):

@@ -176,7 +176,9 @@ def test_mutants_are_members_that_compute_the_right_result(space):
 def test_a_crossover_child_is_one_parent_with_a_shared_statement_of_the_other():
     chain = build_space(naive_program(get_workload("mm_exp_mm").build(8, 16, 8, 16)),
                         default_rules())
-    search = EvolutionarySearch(chain, FewestScalarIterations(), seed=6)
+    # A seed whose sibling pair differs inside a statement both share (a mutation re-picks any
+    # slot; most pairs of this space differ outside one, and their children are a parent).
+    search = EvolutionarySearch(chain, FewestScalarIterations(), seed=11)
     comp = chain.naive.computation
     inputs = random_inputs(comp, 0)
     expected = reference(comp, inputs)

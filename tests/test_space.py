@@ -18,6 +18,7 @@ from eqsched.egraph.facts import Facts, facts_of
 from eqsched.egraph.lang import SERIALIZED_OPS, Root, root_expr, stmt_expr
 from eqsched.egraph.space import Space, SpaceError
 from eqsched.egraph.term import (
+    REGISTER_TILES,
     VECTOR_LANES,
     BlockRef,
     Cached,
@@ -168,13 +169,14 @@ def brute_force(sp: Space) -> set:
 
     def fits(extent, top):
         """The top split multiplies to the extent, or leaves a remainder: a power-of-two inner
-        tile from the narrowest vector to below twice the extent, the outermost piece short by
-        less than one step."""
+        tile from the narrowest vector to below twice the extent, or a register tile (3, 5, 6,
+        7) of at most half the extent, the outermost piece short by less than one step."""
         outer, tile = top[0], math.prod(top[1:])
         if outer * tile == extent:
             return True
         power = tile & (tile - 1) == 0 and min(VECTOR_LANES) <= tile < 2 * extent
-        return power and (outer - 1) * tile < extent < outer * tile
+        register = tile in REGISTER_TILES and 2 * tile < extent
+        return (power or register) and (outer - 1) * tile < extent < outer * tile
 
     out = set()
     for packs, inlined, body in choices(sp.root_class):
@@ -196,6 +198,7 @@ def brute_force(sp: Space) -> set:
                 # every piece is at most its top-level piece, so no valid size reaches 2n.
                 n = sp.facts.extents[g]
                 tiles = [1 << a for a in range(n.bit_length() + 1) if 1 << a < 2 * n]
+                tiles += [t for t in REGISTER_TILES if 2 * t < n]
                 options.append(sorted({d for d in range(1, n + 1) if n % d == 0}
                                       | {d for t in tiles for d in range(1, t + 1) if t % d == 0}
                                       | {-(-n // t) for t in tiles}))
@@ -221,17 +224,18 @@ def test_count_matches_brute_force_enumeration(space):
 
 
 def test_counts_by_hand(space):
-    # The init nest: naive, reordered, j split with a serial inner piece (5 sizes: 1..16) or a
-    # vector one (8 or 16 lanes) = 4 structures, 9 programs. The packed root shares that nest
-    # and multiplies by 3 pack factors (2, 4, 8 of B's 16 columns: a panel of all 16 is B's
-    # own layout).
-    assert space.count() == 9 + 9 * 3
+    # The init nest: naive, reordered, j split with a serial inner piece (9 sizes: the divisors
+    # 1..16, and register tiles of 3, 5, 6 and 7 with a short last step) or a vector one (8 or
+    # 16 lanes) = 4 structures, 13 programs. The packed root shares that nest and multiplies by
+    # 3 pack factors (2, 4, 8 of B's 16 columns: a panel of all 16 is B's own layout).
+    assert space.count() == 13 + 13 * 3
     assert space.count_structures() == 4 + 4
 
 
 def test_a_split_may_leave_a_remainder_counted_like_brute_force():
-    # C.j of 12 in two pieces: the factorizations (1,12) .. (12,1), and inner tiles of 8 and 16
-    # under a ceiling (2 x 8, 1 x 16): 8 serial splits; only the remainders give vector lanes.
+    # C.j of 12 in two pieces: the factorizations (1,12) .. (12,1), and inner tiles of 5, 8 and
+    # 16 under a ceiling (3 x 5, 2 x 8, 1 x 16): 9 serial splits; only the powers of two give
+    # vector lanes.
     twelve = naive_program(get_workload("matmul").build(4, 12, 2))
     sp = hand_space(NAIVE_TERM, UNIONS, twelve)
     programs, brute = sp.enumerate(), brute_force(sp)
@@ -239,7 +243,7 @@ def test_a_split_may_leave_a_remainder_counted_like_brute_force():
     assert as_set(programs) == brute
     only_serial = Term((SPLIT_INIT_J, UPDATE_NEST))
     vector = Term((VECTOR_INIT_J, UPDATE_NEST))
-    assert hand_space(only_serial, naive=twelve).count() == 8
+    assert hand_space(only_serial, naive=twelve).count() == 9
     assert [s for _, s in hand_space(vector, naive=twelve).enumerate()] == [
         {("C.i", ""): 4, ("C.j", ""): 12, ("C.j", "0/2"): 2, ("C.j", "1/2"): 8, ("C.k", ""): 2},
         {("C.i", ""): 4, ("C.j", ""): 12, ("C.j", "0/2"): 1, ("C.j", "1/2"): 16,
@@ -251,10 +255,11 @@ def test_a_split_may_leave_a_remainder_counted_like_brute_force():
 
 def test_the_vector_lanes_follow_the_target():
     # A 256-bit register (AVX2: 8 lanes) allows vector pieces of 4, 8, 16 and 32 lanes: the
-    # init nest's vector piece of 16 columns has 3 sizes (4, 8, 16) instead of 2 (8, 16).
+    # init nest's vector piece of 16 columns has 3 sizes (4, 8, 16) instead of 2 (8, 16); the
+    # 9 serial splits stay.
     avx2 = hand_space(NAIVE_TERM, UNIONS, lanes=vector_lanes(8))
     assert avx2.vector_lanes == (4, 8, 16, 32)
-    assert avx2.count() == 10 + 10 * 3
+    assert avx2.count() == 14 + 14 * 3
     assert avx2.count_structures() == 4 + 4
     programs = avx2.enumerate()
     assert len(programs) == avx2.count() and as_set(programs) == brute_force(avx2)
@@ -281,7 +286,7 @@ def test_a_piece_vectorized_anywhere_takes_the_vector_constraint():
     both = Term((VECTOR_INIT_J, L("C.j", "0/2", L("C.j", "1/2", UPDATE))))
     only_serial = Term((SPLIT_INIT_J, L("C.j", "0/2", L("C.j", "1/2", UPDATE))))
     assert hand_space(both).count() == 2  # inner piece 8 or 16 lanes
-    assert hand_space(only_serial).count() == 5  # 1, 2, 4, 8, 16
+    assert hand_space(only_serial).count() == 9  # 1, 2, 4, 8, 16 and 3, 5, 6, 7 with a remainder
 
 
 def test_a_missing_sibling_piece_is_refused():

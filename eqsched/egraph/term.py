@@ -144,15 +144,31 @@ def vector_lanes(register_lanes: int) -> tuple[int, ...]:
 VECTOR_LANES = vector_lanes(16)
 
 
+# Register tiles that are no power of two: rows of accumulators that fill a register file with
+# room for the operands (6 or 7 rows of four 16-lane vectors in 32 registers, 3 of four 8-lane
+# ones in 16, 5 of three). A power-of-two extent has no such divisor: conv2d's 64 output
+# channels over rows of 56 (four zmm) had 16 accumulators (4 rows) or 32 (8 rows, spilled) to
+# choose from, and 6 rows ran 1.3-1.5x faster than 4 (docs/ARCHITECTURE.md §17.2).
+REGISTER_TILES = (3, 5, 6, 7)
+
+
 def remainder_tiles(extent: int, lanes: Sequence[int] = VECTOR_LANES) -> tuple[int, ...]:
     """The inner tiles (product of all pieces but the outermost) by which a whole extent may be
-    split with a remainder, the outermost piece taking the ceiling: the powers of two from the
-    narrowest vector of `lanes` up to the extent's next power of two that do not divide it
-    (vector widths, register and cache tiles). The space and the rules take the default lanes
-    (a 512-bit register's) on every target, so that the rules know which groups to tile: on an
-    AVX2 target a tile of 8 is two vectors. 127 gets 8..128 (8 x 16 covers it with one short
-    step), 7 gets 8 (one vector, 7 lanes used); a power of two gets none, so its space is the
-    exact factorizations alone, and so does 3 (smaller tiles only grow the e-graph)."""
+    split with a remainder, the outermost piece taking the ceiling, ascending: the padded
+    widths (`padded_widths`: vector and cache tiles) and the `REGISTER_TILES` that do not
+    divide it and leave at least two steps (so small extents, whose loops stay whole, get none:
+    3 and 5 are not tiled). 127 gets 3, 5, 6, 7 and 8..128 (8 x 16 covers it with one short
+    step), 64 gets 3, 5, 6, 7, 7 gets 3 and 8 (one vector, 7 lanes used)."""
+    register = {t for t in REGISTER_TILES if 2 * t < extent and extent % t}
+    return tuple(sorted(register | set(padded_widths(extent, lanes))))
+
+
+def padded_widths(extent: int, lanes: Sequence[int] = VECTOR_LANES) -> tuple[int, ...]:
+    """The powers of two from the narrowest vector of `lanes` up to the extent's next power of
+    two that do not divide it (vector widths, register and cache tiles). The space and the rules
+    take the default lanes (a 512-bit register's) on every target, so that the rules know which
+    groups to tile: on an AVX2 target a tile of 8 is two vectors. A power of two gets none, and
+    so does 3 (smaller tiles only grow the e-graph)."""
     return tuple(t for t in (1 << a for a in range(min(lanes).bit_length() - 1,
                                                    extent.bit_length() + 1))
                  if t < 2 * extent and extent % t)
@@ -160,12 +176,13 @@ def remainder_tiles(extent: int, lanes: Sequence[int] = VECTOR_LANES) -> tuple[i
 
 def pack_factors(extent: int) -> tuple[int, ...]:
     """The panel widths a packed dimension of this extent may take, ascending: its divisors > 1,
-    and its `remainder_tiles`, which pad the last panel (`schedule.Schedule.pack`). A reader's
+    and its `padded_widths`, which pad the last panel (`schedule.Schedule.pack`). A reader's
     panel index `j // f` is affine only when f is a product of j's inner pieces, and a
-    remainder split's inner tile is one of those powers of two: 1000 columns get 16..1024
-    beside the divisors 2..1000, a power of two no padded width."""
+    remainder split's inner tile may be one of those powers of two: 1000 columns get 16..1024
+    beside the divisors 2..1000, a power of two no padded width. (A register tile of 6 rows is
+    no panel a vector reads whole.)"""
     return tuple(sorted({f for f in range(2, extent + 1) if extent % f == 0}
-                        | set(remainder_tiles(extent))))
+                        | set(padded_widths(extent))))
 
 
 def extent_allowed(kind: str, extent: int, lanes: Sequence[int] = VECTOR_LANES) -> bool:
