@@ -550,9 +550,10 @@ def _lines_touched(terms: list[tuple[int, int]], line_elems: int, sets_of_cache:
     their pressure on a cache of `sets_of_cache` sets and `ways` ways.
 
     Strides up to a line (or within the contiguous run so far) extend one contiguous run;
-    larger strides repeat the run; equal or overlapping large strides (conv's `p + ry`) merge.
-    Repeats at a power-of-two stride land in few sets; beyond its ways they count as if
-    every set were that full.
+    larger strides repeat the run; equal, overlapping or abutting large strides (conv's
+    `p + ry`, a row walk split into k.0 x k.1) merge. Repeats a multiple of 4 KiB apart land in
+    few sets (rows 12 KiB apart in 16 of 1,024: every address is a multiple of the strides'
+    common divisor); beyond its ways they count as if every set were that full.
     """
     run = 1
     copies: list[list[int]] = []  # [stride, count]
@@ -561,7 +562,7 @@ def _lines_touched(terms: list[tuple[int, int]], line_elems: int, sets_of_cache:
             continue
         if not copies and stride <= max(run, line_elems):
             run += stride * (extent - 1)
-        elif copies and stride < copies[-1][0] * copies[-1][1]:
+        elif copies and stride <= copies[-1][0] * copies[-1][1]:
             last = copies[-1]
             last[1] = (last[0] * (last[1] - 1) + stride * (extent - 1)) // last[0] + 1
         else:
@@ -574,6 +575,9 @@ def _lines_touched(terms: list[tuple[int, int]], line_elems: int, sets_of_cache:
     for stride, count in copies:  # repeats a multiple of 4 KiB apart share their sets
         sets *= min(count, sets_of_cache // math.gcd(stride // line_elems, sets_of_cache)) \
             if stride % line_elems == 0 else count
+    if all(stride % line_elems == 0 for stride, _ in copies):  # together, no more than their
+        common = math.gcd(sets_of_cache, *(stride // line_elems for stride, _ in copies))
+        sets = min(sets, math.ceil(per_run) * sets_of_cache // common)  # common divisor allows
     sets = min(sets_of_cache, sets)
     return lines, lines * sets_of_cache / sets if lines / sets > ways else lines
 

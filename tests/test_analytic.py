@@ -317,12 +317,12 @@ def test_cache_traffic_follows_the_machines_caches_and_bandwidths(avx512):
         base["l2_fill"] / 2)
 
 
-def row_tile(m, n, k, pack=False):
+def row_tile(m, n, k, pack=False, k_unrolled=8):
     """mm_exp_mm's first matmul as one search found it: a 1x64 register tile (k unrolled 8)
     that walks the whole k of B for every row of C; B unpacked, its rows n floats apart."""
     s = Schedule(naive_program(get_workload("matmul").build(m, n, k)))
     s.split("C.j", [n // 64, 4, 1, 16])
-    s.split("C.k", [k // 8, 8])
+    s.split("C.k", [k // k_unrolled, k_unrolled])
     s.reorder("C.j.0", "C.i", "C.k.0", "C.j.1", "C.k.1", "C.j.2", "C.j.3")
     s.fuse("C.init", at="C.i")
     for loop in ("C.init.j.1", "C.j.1", "C.k.1", "C.j.2"):
@@ -349,3 +349,17 @@ def test_a_panel_at_a_power_of_two_stride_misses_the_l2_its_size_would_fit(avx51
     # The pack's own copy walks B's columns 4 KiB apart: a little more, no more.
     assert with_sets.breakdown(packed)["l2_fill"] == pytest.approx(
         without.breakdown(packed)["l2_fill"], rel=0.05)
+
+
+def test_a_panel_at_a_multiple_of_4k_crowds_the_l2_however_its_walk_is_split(avx512):
+    # Rows 12 KiB apart (N = 3072) land in 16 of 1,024 L2 sets; a k loop split 64 x 12 walks
+    # them as 12 rows, then 64 steps of 12 rows: counted apart, the two strides seemed to
+    # spread the panel over 192 sets. 197x3072x768's winner (B unpacked) measured 57 GFLOPS
+    # where it was predicted 152; the same tile at N = 3104 (rows 12,416 B apart) runs as
+    # fast as with B packed.
+    with_sets = AnalyticModel(dataclasses.replace(avx512, l2_sets=1024, l2_ways=20))
+    without = AnalyticModel(avx512)
+    crowded = row_tile(64, 3072, 768, k_unrolled=12)
+    spread = row_tile(64, 3136, 768, k_unrolled=12)  # rows 196 lines apart: 256 sets
+    assert with_sets.breakdown(crowded)["l2_fill"] > 5 * without.breakdown(crowded)["l2_fill"]
+    assert with_sets.breakdown(spread)["l2_fill"] == without.breakdown(spread)["l2_fill"]
