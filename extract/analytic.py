@@ -294,6 +294,7 @@ class _BlockCoster:
         self.cycles = dict.fromkeys(("compute", "loads", "stores"), 0.0)
         self.instructions = 0.0
         self.hoisted_registers = 0
+        self.operand_registers = 0  # loaded values the unrolled copies keep live together
 
     def profile(self) -> _Profile:
         blk = self.blk
@@ -332,7 +333,8 @@ class _BlockCoster:
             if self.innermost >= 0 and self.innermost not in deps and not scattered:
                 latency = self._count(everywhere) / chains * self.machine.fma_latency  # carried
                 live = True
-            excess = chains * self._registers(deps) + 1 - self.machine.vector_registers
+            excess = (chains * self._registers(deps) + max(1, self.operand_registers)
+                      - self.machine.vector_registers)
             if live and excess > 0:
                 once, each = SPILL_CYCLES
                 spills = (once + each * excess) * self._iterations()
@@ -426,7 +428,22 @@ class _BlockCoster:
             self._op("compute", GATHER_ALU, placed)
         else:
             self._op("loads", 1, self._hoisted(deps))
+            self.operand_registers += self._live_copies(deps) * self._registers(deps)
         return deps
+
+    def _live_copies(self, deps: frozenset[int]) -> int:
+        """How many copies of a loaded value the straight-line body keeps live at once: CSE
+        loads it once per unrolled copy it depends on and reuses it in the copies of an
+        unrolled loop it does not depend on; if that loop is outside the copies it depends on
+        (rows i.3 around k.1 for B[k, j]), all of those are live until its last copy (48 zmm
+        for 12 rows of a 64-wide B under a 4-row tile: LLVM spills them). One when no
+        unrolled loop reuses it: then it can be an FMA's memory operand."""
+        unrolled = [d for d, lp in enumerate(self.loops)
+                    if d > self.innermost and lp.kind == LoopKind.UNROLL and lp.extent > 1]
+        reusing = [d for d in unrolled if d not in deps]
+        if not reusing:
+            return 0
+        return math.prod(self.loops[d].extent for d in unrolled if d in deps and d > reusing[0])
 
     def _hoisted(self, deps: frozenset[int]) -> frozenset[int]:
         """Where a value invariant in the innermost serial loop is computed: hoisted out of it
