@@ -333,6 +333,8 @@ class _BlockCoster:
             if self.innermost >= 0 and self.innermost not in deps and not scattered:
                 latency = self._count(everywhere) / chains * self.machine.fma_latency  # carried
                 live = True
+            elif live and not scattered:  # a chain through the unrolled copies (k.1) instead
+                latency = max(latency, self._count(everywhere) / chains * self.machine.fma_latency)
             excess = (chains * self._registers(deps) + max(1, self.operand_registers)
                       - self.machine.vector_registers)
             if live and excess > 0:
