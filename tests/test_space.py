@@ -168,13 +168,15 @@ def brute_force(sp: Space) -> set:
 
     def fits(extent, top):
         """The top split multiplies to the extent, or leaves a remainder: a power-of-two inner
-        tile from the narrowest vector to below twice the extent, the outermost piece short by
-        less than one step."""
+        tile from the narrowest vector to below twice the extent, or three times a power of two
+        from 6 to half the extent, the outermost piece short by less than one step."""
         outer, tile = top[0], math.prod(top[1:])
         if outer * tile == extent:
             return True
         power = tile & (tile - 1) == 0 and min(VECTOR_LANES) <= tile < 2 * extent
-        return power and (outer - 1) * tile < extent < outer * tile
+        third = tile // 3
+        triple = tile % 3 == 0 and third >= 2 and third & (third - 1) == 0 and 2 * tile <= extent
+        return (power or triple) and (outer - 1) * tile < extent < outer * tile
 
     out = set()
     for packs, inlined, body in choices(sp.root_class):
@@ -193,9 +195,11 @@ def brute_force(sp: Space) -> set:
                                 and not (d == n and dim == len(shape) - 1)])
             else:
                 # Powers of two from 2n on are left out: `fits` takes no tile of 2n or more, and
-                # every piece is at most its top-level piece, so no valid size reaches 2n.
+                # every piece is at most its top-level piece, so no valid size reaches 2n; three
+                # times a power of two up to n / 2 (register tiles of 6 rows).
                 n = sp.facts.extents[g]
                 tiles = [1 << a for a in range(n.bit_length() + 1) if 1 << a < 2 * n]
+                tiles += [3 << a for a in range(1, n.bit_length()) if 2 * (3 << a) <= n]
                 options.append(sorted({d for d in range(1, n + 1) if n % d == 0}
                                       | {d for t in tiles for d in range(1, t + 1) if t % d == 0}
                                       | {-(-n // t) for t in tiles}))
@@ -221,11 +225,11 @@ def test_count_matches_brute_force_enumeration(space):
 
 
 def test_counts_by_hand(space):
-    # The init nest: naive, reordered, j split with a serial inner piece (5 sizes: 1..16) or a
-    # vector one (8 or 16 lanes) = 4 structures, 9 programs. The packed root shares that nest
-    # and multiplies by 3 pack factors (2, 4, 8 of B's 16 columns: a panel of all 16 is B's
-    # own layout).
-    assert space.count() == 9 + 9 * 3
+    # The init nest: naive, reordered, j split with a serial inner piece (6 sizes: 1..16 and
+    # 3 x 6 with a short last step) or a vector one (8 or 16 lanes) = 4 structures, 10
+    # programs. The packed root shares that nest and multiplies by 3 pack factors (2, 4, 8 of
+    # B's 16 columns: a panel of all 16 is B's own layout).
+    assert space.count() == 10 + 10 * 3
     assert space.count_structures() == 4 + 4
 
 
@@ -254,7 +258,7 @@ def test_the_vector_lanes_follow_the_target():
     # init nest's vector piece of 16 columns has 3 sizes (4, 8, 16) instead of 2 (8, 16).
     avx2 = hand_space(NAIVE_TERM, UNIONS, lanes=vector_lanes(8))
     assert avx2.vector_lanes == (4, 8, 16, 32)
-    assert avx2.count() == 10 + 10 * 3
+    assert avx2.count() == 11 + 11 * 3
     assert avx2.count_structures() == 4 + 4
     programs = avx2.enumerate()
     assert len(programs) == avx2.count() and as_set(programs) == brute_force(avx2)
@@ -281,7 +285,7 @@ def test_a_piece_vectorized_anywhere_takes_the_vector_constraint():
     both = Term((VECTOR_INIT_J, L("C.j", "0/2", L("C.j", "1/2", UPDATE))))
     only_serial = Term((SPLIT_INIT_J, L("C.j", "0/2", L("C.j", "1/2", UPDATE))))
     assert hand_space(both).count() == 2  # inner piece 8 or 16 lanes
-    assert hand_space(only_serial).count() == 5  # 1, 2, 4, 8, 16
+    assert hand_space(only_serial).count() == 6  # 1, 2, 4, 8, 16, and 6 with a remainder
 
 
 def test_a_missing_sibling_piece_is_refused():

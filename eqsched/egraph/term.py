@@ -146,26 +146,29 @@ VECTOR_LANES = vector_lanes(16)
 
 def remainder_tiles(extent: int, lanes: Sequence[int] = VECTOR_LANES) -> tuple[int, ...]:
     """The inner tiles (product of all pieces but the outermost) by which a whole extent may be
-    split with a remainder, the outermost piece taking the ceiling: the powers of two from the
-    narrowest vector of `lanes` up to the extent's next power of two that do not divide it
-    (vector widths, register and cache tiles). The space and the rules take the default lanes
-    (a 512-bit register's) on every target, so that the rules know which groups to tile: on an
-    AVX2 target a tile of 8 is two vectors. 127 gets 8..128 (8 x 16 covers it with one short
-    step), 7 gets 8 (one vector, 7 lanes used); a power of two gets none, so its space is the
-    exact factorizations alone, and so does 3 (smaller tiles only grow the e-graph)."""
-    return tuple(t for t in (1 << a for a in range(min(lanes).bit_length() - 1,
-                                                   extent.bit_length() + 1))
-                 if t < 2 * extent and extent % t)
+    split with a remainder, the outermost piece taking the ceiling, ascending: the powers of two
+    from the narrowest vector of `lanes` up to the extent's next power of two (vector widths,
+    register and cache tiles), and three times a power of two from 6 up to half the extent
+    (register tiles of 6 rows or 3 vectors: with 16 registers, 6 rows x 2 vectors hold 12
+    accumulators beside 2 operands and a broadcast, which 4 or 8 rows do not), that do not
+    divide it. The space and the rules take the default lanes (a 512-bit register's) on every
+    target, so that the rules know which groups to tile: on an AVX2 target a tile of 8 is two
+    vectors. 127 gets 6..128 (8 x 16 covers it with one short step), 7 gets 8 (one vector, 7
+    lanes used); 512 gets 6, 12 .. 192; 3 gets none (smaller tiles only grow the e-graph)."""
+    powers = (1 << a for a in range(min(lanes).bit_length() - 1, extent.bit_length() + 1))
+    triples = (3 << a for a in range(1, max(extent.bit_length() - 1, 1)))
+    return tuple(sorted({t for t in powers if t < 2 * extent and extent % t}
+                        | {t for t in triples if 2 * t <= extent and extent % t}))
 
 
 def pack_factors(extent: int) -> tuple[int, ...]:
     """The panel widths a packed dimension of this extent may take, ascending: its divisors > 1,
-    and its `remainder_tiles`, which pad the last panel (`schedule.Schedule.pack`). A reader's
-    panel index `j // f` is affine only when f is a product of j's inner pieces, and a
-    remainder split's inner tile is one of those powers of two: 1000 columns get 16..1024
-    beside the divisors 2..1000, a power of two no padded width."""
+    and its power-of-two `remainder_tiles`, which pad the last panel (`schedule.Schedule.pack`).
+    A reader's panel index `j // f` is affine only when f is a product of j's inner pieces, and
+    a vector tile's panels are whole vectors: 1000 columns get 16..1024 beside the divisors
+    2..1000, a power of two no padded width (a tile of 3 vectors reads panels of one)."""
     return tuple(sorted({f for f in range(2, extent + 1) if extent % f == 0}
-                        | set(remainder_tiles(extent))))
+                        | {t for t in remainder_tiles(extent) if t & (t - 1) == 0}))
 
 
 def extent_allowed(kind: str, extent: int, lanes: Sequence[int] = VECTOR_LANES) -> bool:
