@@ -546,10 +546,11 @@ class _BlockCoster:
         serial = [d for d in strides if _is_serial(self.loops[d])]
         strided = False
         if serial and abs(strides[max(serial)]) * 4 >= STRIDED_BYTES:
-            # Part of a line per visit: the prefetchers see no stream, each line is a miss.
+            # Visits far apart (a gap of STRIDED_BYTES or more after the lines a visit reads):
+            # the prefetchers follow no such stream, each line is a miss.
             run = 1 + sum(abs(c) * (self.loops[d].extent - 1) for d, c in strides.items()
                           if d > max(serial) and abs(c) <= self.line_elems)
-            strided = run < self.line_elems
+            strided = (abs(strides[max(serial)]) - run) * 4 >= STRIDED_BYTES
         return _Footprint(access, tuple(lines), tuple(pressure), tuple(l2_pressure), strided)
 
 
