@@ -330,13 +330,17 @@ class _BlockCoster:
                 self._op("stores", 1, placed, per_lane["stores"])
                 if self.innermost in placed:  # updated in memory, reloaded after its store
                     latency = self._count(placed) * RMW_CYCLES
-            if self.innermost >= 0 and self.innermost not in deps and not scattered:
-                latency = self._count(everywhere) / chains * self.machine.fma_latency  # carried
+            carried = self.innermost >= 0 and self.innermost not in deps and not scattered
+            if carried:
+                latency = self._count(everywhere) / chains * self.machine.fma_latency
                 live = True
             elif live and not scattered:  # a chain through the unrolled copies (k.1) instead
                 latency = max(latency, self._count(everywhere) / chains * self.machine.fma_latency)
-            excess = (chains * self._registers(deps) + max(1, self.operand_registers)
-                      - self.machine.vector_registers)
+            # Carried accumulators make the body one tree of FMAs into loop phis, which LLVM's
+            # scheduler orders to keep few operands live (no spill measured); updated in memory
+            # each iteration, the operands CSE shares across copies stay live together.
+            operands = 1 if carried else max(1, self.operand_registers)
+            excess = chains * self._registers(deps) + operands - self.machine.vector_registers
             if live and excess > 0:
                 once, each = SPILL_CYCLES
                 spills = (once + each * excess) * self._iterations()
@@ -546,11 +550,19 @@ class _BlockCoster:
         serial = [d for d in strides if _is_serial(self.loops[d])]
         strided = False
         if serial and abs(strides[max(serial)]) * 4 >= STRIDED_BYTES:
-            # Visits far apart (a gap of STRIDED_BYTES or more after the lines a visit reads):
-            # the prefetchers follow no such stream, each line is a miss.
-            run = 1 + sum(abs(c) * (self.loops[d].extent - 1) for d, c in strides.items()
-                          if d > max(serial) and abs(c) <= self.line_elems)
-            strided = (abs(strides[max(serial)]) - run) * 4 >= STRIDED_BYTES
+            # The contiguous run a visit (one step of the innermost serial loop) starts with,
+            # and the jump to the next piece. Part of a line per visit, or a read whose visits
+            # leave a gap of STRIDED_BYTES or more (an unpacked operand's rows under a register
+            # tile): the prefetchers follow no such stream, each line is a miss.
+            run, gap = 1, 0
+            for stride, extent in sorted((abs(c), self.loops[d].extent)
+                                         for d, c in strides.items() if d >= max(serial)):
+                if extent > 1 and stride > run:
+                    gap = stride - run
+                    break
+                run += stride * (extent - 1)
+            strided = run < self.line_elems or (
+                not access.written and gap * 4 >= STRIDED_BYTES)
         return _Footprint(access, tuple(lines), tuple(pressure), tuple(l2_pressure), strided)
 
 
