@@ -18,8 +18,9 @@ after the other). Per block, in cycles of the machine model's reference clock:
     issue    = instructions / issue width        loop bookkeeping included; a body too big for
                                                  the L1i issues at LEGACY_DECODE_SHARE of it
     latency  = updates per accumulator * FMA latency, when the accumulator is carried through the
-               block's innermost serial loop (too few accumulators stall on FMA latency);
-               RMW_CYCLES per update when it is not, and so updated in memory
+               block's innermost serial loop or chained through unrolled reduction copies (too
+               few accumulators stall on FMA latency); RMW_CYCLES per update when it is
+               updated in memory
     X_fill   = cache lines brought into level X * cycles per line from the level below, at the
                bandwidth one core gets while the nest's threads stream at once
                (l1_fill, l2_fill, dram)
@@ -37,7 +38,9 @@ index that is not affine (a packed panel narrower than the vector) costs scalar 
 lane. A local tile whose accesses depend on unrolled and vectorized loops only lives in
 registers. Accumulators kept in registers (carried through the innermost serial loop, or through
 unrolled copies of a loop they do not depend on) spill beyond the register file less one
-(operands need none: FMAs read them from memory).
+(operands need none: FMAs read them from memory), or, when they go through memory every
+iteration, less the loaded values CSE keeps live across unrolled copies (B[k, j] under rows
+unrolled around unrolled k: one per k copy until the last row).
 
 Cache traffic is the classic reuse model: for each access and level, find the outermost loop
 whose body's footprint (distinct lines per buffer, from index strides and extents) fits the
@@ -47,9 +50,11 @@ cases (LRU keeps part of it); a program whose whole footprint fits a level stays
 calls. Lines at a power-of-two stride crowd into few L1 and L2 sets (the sets and ways are the
 machine's): a panel of 2048 rows 4 KiB apart, 256 B each, fills 64 of 1,024 L2 sets, holds 320
 of its rows and comes from the L3 again on every pass (mm_exp_mm's unpacked B: 6 GFLOPS, 35
-packed). Lines fetched a part at a time, STRIDED_BYTES or more apart (a column walk), cost the
-machine's measured `strided_fill` times more: no prefetcher follows them. A parallel root loop
-divides its nest among `threads` cores, which share each level's bandwidth as calibrated.
+packed). Lines fetched a part at a time, STRIDED_BYTES or more apart (a column walk), or read in
+visits that leave a gap of STRIDED_BYTES or more (an unpacked operand's rows under a register
+tile), cost the machine's measured `strided_fill` times more: no prefetcher follows them. A
+parallel root loop divides its nest among `threads` cores, which share each level's bandwidth
+as calibrated.
 
 No hardware number lives here: the constants below are modelling choices (how terms combine,
 what LLVM does with our code) and a few fitted costs of code shapes, in reference cycles.
