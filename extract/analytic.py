@@ -21,8 +21,9 @@ after the other). Per block, in cycles of the machine model's reference clock:
     issue    = instructions / issue width        loop bookkeeping included; a body too big for
                                                  the L1i issues at LEGACY_DECODE_SHARE of it
     latency  = updates per accumulator * FMA latency, when the accumulator is carried through the
-               block's innermost serial loop (too few accumulators stall on FMA latency);
-               RMW_CYCLES per update and register when it is not, and so updated in memory
+               block's innermost serial loop or chained through unrolled reduction copies (too
+               few accumulators stall on FMA latency); RMW_CYCLES per update and register when it
+               is updated in memory
     X_fill   = cache lines brought into level X * cycles per line from the level below, at the
                bandwidth one core gets while the nest's threads stream at once
                (l1_fill, l2_fill, dram)
@@ -40,7 +41,9 @@ index that is not affine (a packed panel narrower than the vector) costs scalar 
 lane. A local tile whose accesses depend on unrolled and vectorized loops only lives in
 registers. Accumulators kept in registers (carried through the innermost serial loop, or through
 unrolled copies of a loop they do not depend on) spill beyond the register file less one
-(operands need none: FMAs read them from memory).
+(operands need none: FMAs read them from memory), or, when they go through memory every
+iteration, less the loaded values CSE keeps live across unrolled copies (B[k, j] under rows
+unrolled around unrolled k: one per k copy until the last row).
 
 Cache traffic is the classic reuse model: for each access and level, find the outermost loop
 whose body's footprint (distinct lines per buffer, from index strides and extents) fits the
@@ -50,9 +53,11 @@ cases (LRU keeps part of it); a program whose whole footprint fits a level stays
 calls. Lines at a power-of-two stride crowd into few L1 and L2 sets (the sets and ways are the
 machine's): a panel of 2048 rows 4 KiB apart, 256 B each, fills 64 of 1,024 L2 sets, holds 320
 of its rows and comes from the L3 again on every pass (mm_exp_mm's unpacked B: 6 GFLOPS, 35
-packed). Lines fetched a part at a time, STRIDED_BYTES or more apart (a column walk), cost the
-machine's measured `strided_fill` times more: no prefetcher follows them. A parallel root loop
-divides its nest among `threads` cores, which share each level's bandwidth as calibrated.
+packed). Lines fetched a part at a time, STRIDED_BYTES or more apart (a column walk), or read in
+visits that leave a gap of STRIDED_BYTES or more (an unpacked operand's rows under a register
+tile), cost the machine's measured `strided_fill` times more: no prefetcher follows them. A
+parallel root loop divides its nest among `threads` cores, which share each level's bandwidth
+as calibrated.
 
 No hardware number lives here: the constants below are modelling choices (how terms combine,
 what LLVM does with our code) and a few fitted costs of code shapes, in reference cycles.
@@ -297,6 +302,7 @@ class _BlockCoster:
         self.cycles = dict.fromkeys(("compute", "loads", "stores"), 0.0)
         self.instructions = 0.0
         self.hoisted_registers = 0
+        self.operand_registers = 0  # loaded values the unrolled copies keep live together
 
     def profile(self) -> _Profile:
         blk = self.blk
@@ -333,10 +339,17 @@ class _BlockCoster:
                 if self.innermost in placed:  # updated in memory, reloaded after its store
                     # per register of the accumulator: a 56-lane row is four round trips
                     latency = self._count(placed) * self._registers(deps) * RMW_CYCLES
-            if self.innermost >= 0 and self.innermost not in deps and not scattered:
-                latency = self._count(everywhere) / chains * self.machine.fma_latency  # carried
+            carried = self.innermost >= 0 and self.innermost not in deps and not scattered
+            if carried:
+                latency = self._count(everywhere) / chains * self.machine.fma_latency
                 live = True
-            excess = chains * self._registers(deps) + 1 - self.machine.vector_registers
+            elif live and not scattered:  # a chain through the unrolled copies (k.1) instead
+                latency = max(latency, self._count(everywhere) / chains * self.machine.fma_latency)
+            # Carried accumulators make the body one tree of FMAs into loop phis, which LLVM's
+            # scheduler orders to keep few operands live (no spill measured); updated in memory
+            # each iteration, the operands CSE shares across copies stay live together.
+            operands = 1 if carried else max(1, self.operand_registers)
+            excess = chains * self._registers(deps) + operands - self.machine.vector_registers
             if live and excess > 0:
                 once, each = SPILL_CYCLES
                 spills = (once + each * excess) * self._iterations()
@@ -434,6 +447,7 @@ class _BlockCoster:
                      self.machine.unaligned_load_cycles(self.lanes))
         else:
             self._op("loads", 1, self._hoisted(deps))
+            self.operand_registers += self._live_copies(deps) * self._registers(deps)
         return deps
 
     def _aligned(self, indices: tuple[Expr, ...], access: _Access) -> bool:
@@ -447,6 +461,20 @@ class _BlockCoster:
         offset = sum(self._affine(ix)[1] * math.prod(dims[d + 1:])
                      for d, ix in enumerate(indices))
         return offset % lanes == 0
+
+    def _live_copies(self, deps: frozenset[int]) -> int:
+        """How many copies of a loaded value the straight-line body keeps live at once: CSE
+        loads it once per unrolled copy it depends on and reuses it in the copies of an
+        unrolled loop it does not depend on; if that loop is outside the copies it depends on
+        (rows i.3 around k.1 for B[k, j]), all of those are live until its last copy (48 zmm
+        for 12 rows of a 64-wide B under a 4-row tile: LLVM spills them). One when no
+        unrolled loop reuses it: then it can be an FMA's memory operand."""
+        unrolled = [d for d, lp in enumerate(self.loops)
+                    if d > self.innermost and lp.kind == LoopKind.UNROLL and lp.extent > 1]
+        reusing = [d for d in unrolled if d not in deps]
+        if not reusing:
+            return 0
+        return math.prod(self.loops[d].extent for d in unrolled if d in deps and d > reusing[0])
 
     def _hoisted(self, deps: frozenset[int]) -> frozenset[int]:
         """Where a value invariant in the innermost serial loop is computed: hoisted out of it
@@ -547,10 +575,19 @@ class _BlockCoster:
         serial = [d for d in strides if _is_serial(self.loops[d])]
         strided = False
         if serial and abs(strides[max(serial)]) * 4 >= STRIDED_BYTES:
-            # Part of a line per visit: the prefetchers see no stream, each line is a miss.
-            run = 1 + sum(abs(c) * (self.loops[d].extent - 1) for d, c in strides.items()
-                          if d > max(serial) and abs(c) <= self.line_elems)
-            strided = run < self.line_elems
+            # The contiguous run a visit (one step of the innermost serial loop) starts with,
+            # and the jump to the next piece. Part of a line per visit, or a read whose visits
+            # leave a gap of STRIDED_BYTES or more (an unpacked operand's rows under a register
+            # tile): the prefetchers follow no such stream, each line is a miss.
+            run, gap = 1, 0
+            for stride, extent in sorted((abs(c), self.loops[d].extent)
+                                         for d, c in strides.items() if d >= max(serial)):
+                if extent > 1 and stride > run:
+                    gap = stride - run
+                    break
+                run += stride * (extent - 1)
+            strided = run < self.line_elems or (
+                not access.written and gap * 4 >= STRIDED_BYTES)
         return _Footprint(access, tuple(lines), tuple(pressure), tuple(l2_pressure), strided)
 
 
@@ -570,9 +607,10 @@ def _lines_touched(terms: list[tuple[int, int]], line_elems: int, sets_of_cache:
     their pressure on a cache of `sets_of_cache` sets and `ways` ways.
 
     Strides up to a line (or within the contiguous run so far) extend one contiguous run;
-    larger strides repeat the run; equal or overlapping large strides (conv's `p + ry`) merge.
-    Repeats at a power-of-two stride land in few sets; beyond its ways they count as if
-    every set were that full.
+    larger strides repeat the run; equal, overlapping or abutting large strides (conv's
+    `p + ry`, a row walk split into k.0 x k.1) merge. Repeats a multiple of 4 KiB apart land in
+    few sets (rows 12 KiB apart in 16 of 1,024: every address is a multiple of the strides'
+    common divisor); beyond its ways they count as if every set were that full.
     """
     run = 1
     copies: list[list[int]] = []  # [stride, count]
@@ -581,7 +619,7 @@ def _lines_touched(terms: list[tuple[int, int]], line_elems: int, sets_of_cache:
             continue
         if not copies and stride <= max(run, line_elems):
             run += stride * (extent - 1)
-        elif copies and stride < copies[-1][0] * copies[-1][1]:
+        elif copies and stride <= copies[-1][0] * copies[-1][1]:
             last = copies[-1]
             last[1] = (last[0] * (last[1] - 1) + stride * (extent - 1)) // last[0] + 1
         else:
@@ -594,6 +632,9 @@ def _lines_touched(terms: list[tuple[int, int]], line_elems: int, sets_of_cache:
     for stride, count in copies:  # repeats a multiple of 4 KiB apart share their sets
         sets *= min(count, sets_of_cache // math.gcd(stride // line_elems, sets_of_cache)) \
             if stride % line_elems == 0 else count
+    if all(stride % line_elems == 0 for stride, _ in copies):  # together, no more than their
+        common = math.gcd(sets_of_cache, *(stride // line_elems for stride, _ in copies))
+        sets = min(sets, math.ceil(per_run) * sets_of_cache // common)  # common divisor allows
     sets = min(sets_of_cache, sets)
     return lines, lines * sets_of_cache / sets if lines / sets > ways else lines
 

@@ -146,20 +146,25 @@ VECTOR_LANES = vector_lanes(16)
 
 # Register tiles that are no power of two: rows of accumulators that fill a register file with
 # room for the operands (6 or 7 rows of four 16-lane vectors in 32 registers, 3 of four 8-lane
-# ones in 16, 5 of three). A power-of-two extent has no such divisor: conv2d's 64 output
-# channels over rows of 56 (four zmm) had 16 accumulators (4 rows) or 32 (8 rows, spilled) to
-# choose from, and 6 rows ran 1.3-1.5x faster than 4 (docs/ARCHITECTURE.md §17.2).
+# ones in 16, 5 of three; 6 rows of two 8-lane vectors, AVX2's 6x16 kernel). Three vectors
+# across (12, 24, 48, ...) are the other way to fill a register file. A power-of-two extent
+# has no such divisor: conv2d's 64 output channels over rows of 56 (four zmm) had 16
+# accumulators (4 rows) or 32 (8 rows, spilled) to choose from, and 6 rows ran 1.3-1.5x faster
+# than 4 (docs/ARCHITECTURE.md §17.2).
 REGISTER_TILES = (3, 5, 6, 7)
 
 
 def remainder_tiles(extent: int, lanes: Sequence[int] = VECTOR_LANES) -> tuple[int, ...]:
     """The inner tiles (product of all pieces but the outermost) by which a whole extent may be
     split with a remainder, the outermost piece taking the ceiling, ascending: the padded
-    widths (`padded_widths`: vector and cache tiles) and the `REGISTER_TILES` that do not
-    divide it and leave at least two steps (so small extents, whose loops stay whole, get none:
-    3 and 5 are not tiled). 127 gets 3, 5, 6, 7 and 8..128 (8 x 16 covers it with one short
-    step), 64 gets 3, 5, 6, 7, 7 gets 3 and 8 (one vector, 7 lanes used)."""
-    register = {t for t in REGISTER_TILES if 2 * t < extent and extent % t}
+    widths (`padded_widths`: vector and cache tiles), and the register tiles that are no power
+    of two (`REGISTER_TILES` rows, and three vectors: three times a power of two from 12), that
+    do not divide it and leave at least two steps (so small extents, whose loops stay whole,
+    get none: 3 and 5 are not tiled). 127 gets 3, 5, 6, 7, 12, 24, 48 and 8..128 (8 x 16 covers
+    it with one short step), 64 gets 3, 5, 6, 7, 12, 24, 7 gets 3 and 8 (one vector, 7 lanes
+    used)."""
+    triples = {3 << a for a in range(2, extent.bit_length())}
+    register = {t for t in (*REGISTER_TILES, *triples) if 2 * t < extent and extent % t}
     return tuple(sorted(register | set(padded_widths(extent, lanes))))
 
 
