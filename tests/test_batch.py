@@ -175,3 +175,51 @@ def test_ray_runs_the_same_jobs_with_the_same_programs(tmp_path):
     assert [r["job"] for r in by_ray.rows] == [r["job"] for r in local.rows]
     assert sorted(measured_hashes(tmp_path / "ray.db")) == \
         sorted(measured_hashes(tmp_path / "local.db"))
+
+
+def test_a_killed_task_process_costs_only_its_job_which_is_retried_once(tmp_path):
+    import threading
+
+    import psutil
+
+    three = TINY.replace('[[16, 16, 16], "small"]', "[[16, 16, 16], [16, 16, 32], [32, 16, 16]]")
+    db = tmp_path / "b.db"
+    events: list[tuple[str, str]] = []
+    result: list = []
+    batch = threading.Thread(target=lambda: result.append(
+        run_batch(suite(three), db, jobs=2, progress=lambda e, row: events.append((e, row["job"])))))
+    batch.start()
+    me = psutil.Process()
+    victim = None
+    deadline = time.time() + 120
+    while victim is None and time.time() < deadline and batch.is_alive():
+        tasks = [p for p in me.children() if "spawn_main" in " ".join(p.cmdline())]
+        victim = tasks[0] if tasks else None
+        time.sleep(0.05)
+    assert victim is not None
+    victim.kill()  # mid-job: its exploration has not finished
+    batch.join(timeout=300)
+    assert not batch.is_alive()
+    rows = result[0].rows
+    assert [r["status"] for r in rows] == ["done"] * 3
+    assert [e for e, _ in events].count("retry") == 1
+    with Database(db) as d:
+        statuses = [r["status"] for r in d.runs()]
+    assert "running" not in statuses and statuses.count("done") == 3
+
+
+def test_tasks_are_never_told_where_the_batch_database_is(tmp_path, monkeypatch):
+    import multiprocessing.context as mp
+
+    from eqsched.tools import batch
+
+    told: list[tuple] = []
+    start = mp.SpawnProcess.start
+    monkeypatch.setattr(mp.SpawnProcess, "start",
+                        lambda self: (told.append(self._args), start(self))[1])
+    db = tmp_path / "b.db"
+    run_batch(suite(TINY), db, jobs=2)
+    assert len(told) == 2
+    for job, work_dir in told:
+        assert str(db) not in work_dir and (batch.Path(work_dir).parent != tmp_path)
+    assert len(measured_hashes(db)) == 2 * 3  # with the naive programs: merged by the driver
