@@ -125,12 +125,24 @@ def test_ctrl_c_stops_the_batch_and_a_rerun_resumes_without_remeasuring(tmp_path
     (tmp_path / "s.toml").write_text(
         longer.replace('[[16, 16, 16], "small"]', "[[32, 32, 32], [48, 32, 16]]"))
     cmd = [sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2", "--db", "b.db"]
+    # Each job explores into its own copy of the database under TMPDIR until it ends: wait
+    # until both have measured something.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     proc = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(scratch)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
-        if (tmp_path / "b.db").exists() and len(measured_hashes(tmp_path / "b.db")) >= 4:
+        counts = []
+        for task_db in scratch.glob("eqsched-batch-*/job*/task.db"):
+            try:
+                with Database(task_db, readonly=True) as d:
+                    counts.append(len(d.records()))
+            except Exception:  # a copy not yet complete, or removed as its job ended
+                pass
+        if len(counts) == 2 and min(counts) >= 2:
             break
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=240)
@@ -186,8 +198,9 @@ def test_a_killed_task_process_costs_only_its_job_which_is_retried_once(tmp_path
     db = tmp_path / "b.db"
     events: list[tuple[str, str]] = []
     result: list = []
-    batch = threading.Thread(target=lambda: result.append(
-        run_batch(suite(three), db, jobs=2, progress=lambda e, row: events.append((e, row["job"])))))
+    progress = lambda event, row: events.append((event, row["job"]))  # noqa: E731
+    batch = threading.Thread(
+        target=lambda: result.append(run_batch(suite(three), db, jobs=2, progress=progress)))
     batch.start()
     me = psutil.Process()
     victim = None

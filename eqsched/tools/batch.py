@@ -104,6 +104,7 @@ class Suite:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "<suite>",
                   target: str = "host", max_memory: int | None = None) -> Suite:
+        from ..runner import TooLargeError, check_fits_in_memory
         from ..workloads import get_workload
 
         base = {**DEFAULTS, **_config({"target": target}, f"{where} (the batch's target)")}
@@ -137,7 +138,12 @@ class Suite:
             lists = {k: v if isinstance(v, list) else [v] for k, v in merged.items()}
             for size in resolved:
                 for values in itertools.product(*lists.values()):
-                    jobs.append(Job(wl.name, size, tuple(sorted(zip(lists, values)))))
+                    job = Job(wl.name, size, tuple(sorted(zip(lists, values))))
+                    try:  # before any job starts
+                        check_fits_in_memory(wl.build(*size), job.settings()["max_memory"])
+                    except TooLargeError as e:
+                        raise BatchError(f"{at}: {e}") from None
+                    jobs.append(job)
         keys = [j.key for j in jobs]
         dup = next((k for k in keys if keys.count(k) > 1), None)
         if dup:
