@@ -21,11 +21,12 @@ target (like "host,-avx512f"; `--target` sets it for a suite that does not), max
 measuring worker's memory cap, like "8G" or "50%"; `--max-memory` sets it for a suite that does
 not; it does not tell two runs apart). A target LLVM does
 not know, or one this machine cannot run, fails the whole suite before any job starts.
-Every exploration writes to one SQLite database (it takes concurrent writers). An exploration
-whose run already finished in the database is not run again; an interrupted one is re-run and
-measures nothing it already stored. Local worker processes run `--jobs` explorations at once;
-`--executor ray` hands the same jobs to Ray tasks instead (the database path must be on storage
-every Ray node sees).
+A size too big for the memory cap fails the suite too. Every exploration ends in one SQLite
+database, which only this process (the driver) writes: a job explores into a snapshot of it and
+sends its rows back. An exploration whose run already finished in the database is not run again;
+an interrupted one is re-run and measures nothing it already stored. `--jobs` local processes,
+one per job, run at once; `--executor ray` hands the same jobs to Ray tasks instead. A job whose
+process dies is retried once; the others go on.
 
     suite = Suite.load("suite.toml")
     result = run_batch(suite, "runs.db", jobs=2)
