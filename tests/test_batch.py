@@ -236,3 +236,37 @@ def test_tasks_are_never_told_where_the_batch_database_is(tmp_path, monkeypatch)
     for job, work_dir in told:
         assert str(db) not in work_dir and (batch.Path(work_dir).parent != tmp_path)
     assert len(measured_hashes(db)) == 2 * 3  # with the naive programs: merged by the driver
+
+
+def test_a_ray_task_whose_worker_dies_is_retried_once(tmp_path):
+    import threading
+
+    import psutil
+
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    events: list[str] = []
+    result: list = []
+    try:
+        batch = threading.Thread(target=lambda: result.append(run_batch(
+            suite(TINY), tmp_path / "ray.db", executor="ray",
+            progress=lambda event, row: events.append(event))))
+        batch.start()
+        victim = None
+        deadline = time.time() + 120
+        while victim is None and time.time() < deadline and batch.is_alive():
+            for p in psutil.process_iter(["cmdline"]):
+                if "ray::_ray_task" in " ".join(p.info["cmdline"] or []):
+                    victim = p
+                    break
+            time.sleep(0.05)
+        assert victim is not None
+        victim.kill()
+        batch.join(timeout=300)
+        assert not batch.is_alive()
+    finally:
+        ray.shutdown()
+    assert [r["status"] for r in result[0].rows] == ["done", "done"]
+    assert events.count("retry") == 1
+    with Database(tmp_path / "ray.db") as d:
+        assert [r["status"] for r in d.runs()] == ["done", "done"]

@@ -345,8 +345,16 @@ def _process_main(job: Job, work_dir: str) -> None:
     """A local task process: explore `job` in `work_dir`, its summary row into TASK_RESULT."""
     # Ctrl-C during the exploration stops it after its current measurement and marks its run
     # interrupted; before it, it ends the process, and the driver calls the job interrupted.
+    signal.signal(signal.SIGINT, _interrupt_once)
     row = _task(job, work_dir)
     (Path(work_dir) / TASK_RESULT).write_text(json.dumps(row))
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    # The terminal's Ctrl-C and the driver's both arrive: a second one must not cut short the
+    # exploration's own handling of the first (marking its run interrupted, exporting its rows).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -411,7 +419,8 @@ def _collect(job: Job, exitcode: int | None, work_dir: Path, db_path: str) -> di
     if exitcode == 0 and result.exists():
         row = json.loads(result.read_text())
     else:
-        if not (work_dir / TASK_ROWS).exists() and (work_dir / TASK_DB).exists():
+        # Exported again: the process may have died while writing TASK_ROWS.
+        if (work_dir / TASK_DB).exists():
             _export_new_runs(str(work_dir), _snapshot_runs(work_dir))
         how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else \
             f"exit status {exitcode}"
