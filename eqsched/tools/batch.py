@@ -300,13 +300,13 @@ def _task(job: Job, work_dir: str) -> dict[str, Any]:
 
 def _export_new_runs(work_dir: str, before: set[int]) -> None:
     """The rows of the task database's runs not in `before` as JSON lines in TASK_ROWS; a run
-    still `running` (its task died) is marked interrupted first, so that it resumes."""
+    that never finished (its task died) is marked interrupted first, so that it resumes."""
     from ..db import Database
 
     with Database(Path(work_dir) / TASK_DB) as db:
         new = [run for run in db.runs() if run["id"] not in before]
         for run in new:
-            if run["status"] == "running":
+            if run["status"] not in ("done", "interrupted", "failed"):  # running, abandoned
                 db.finish_run(run["id"], status="interrupted", summary=run["summary"])
         db.export_jsonl(Path(work_dir) / TASK_ROWS, run_ids={run["id"] for run in new})
 
