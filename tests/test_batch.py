@@ -233,7 +233,7 @@ def test_tasks_are_never_told_where_the_batch_database_is(tmp_path, monkeypatch)
     db = tmp_path / "b.db"
     run_batch(suite(TINY), db, jobs=2)
     assert len(told) == 2
-    for job, work_dir in told:
+    for job, work_dir, driver in told:
         assert str(db) not in work_dir and (batch.Path(work_dir).parent != tmp_path)
     assert len(measured_hashes(db)) == 2 * 3  # with the naive programs: merged by the driver
 
@@ -270,3 +270,33 @@ def test_a_ray_task_whose_worker_dies_is_retried_once(tmp_path):
     assert events.count("retry") == 1
     with Database(tmp_path / "ray.db") as d:
         assert [r["status"] for r in d.runs()] == ["done", "done"]
+
+
+def test_task_processes_and_their_workers_die_with_a_killed_driver(tmp_path):
+    import psutil
+
+    # Jobs that would measure for minutes: a task still alive after the driver died is an orphan.
+    (tmp_path / "s.toml").write_text(TINY.replace("trials = 2", "trials = 100000\nseconds = 300")
+                                     .replace('[[16, 16, 16], "small"]', "[[32, 32, 32]]"))
+    proc = subprocess.Popen([sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2",
+                             "--db", "b.db"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = psutil.Process(proc.pid)
+    def measuring() -> bool:  # a task exploring: its measuring worker has started
+        try:
+            return any("_worker_main" in " ".join(p.cmdline())
+                       for p in driver.children(recursive=True))
+        except psutil.NoSuchProcess:  # one ended while we looked
+            return False
+
+    deadline = time.time() + 120
+    while not measuring() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert measuring()
+    descendants = driver.children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    gone, alive = psutil.wait_procs(descendants, timeout=20)
+    for p in alive:  # cleans up after a failure; the assertion below reports it
+        p.kill()
+    assert alive == []

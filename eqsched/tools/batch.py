@@ -37,6 +37,7 @@ See docs/ARCHITECTURE.md §10 Exploration.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import multiprocessing
@@ -341,8 +342,15 @@ def _merge(db_path: str, rows_file: Path) -> int:
 
 # ---- executors --------------------------------------------------------------------------------
 
-def _process_main(job: Job, work_dir: str) -> None:
-    """A local task process: explore `job` in `work_dir`, its summary row into TASK_RESULT."""
+def _process_main(job: Job, work_dir: str, driver: int) -> None:
+    """A local task process of the driver with pid `driver`: explore `job` in `work_dir`, its
+    summary row into TASK_RESULT."""
+    # A task outliving its driver (kill -9) would explore into a copy nobody merges: it dies
+    # with it (Linux: PR_SET_PDEATHSIG), and its measuring worker with it (§11).
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, ctypes.c_ulong(signal.SIGKILL), *[ctypes.c_ulong(0)] * 3)
+    if os.getppid() != driver:  # the driver died before the signal was asked for
+        os._exit(1)
     # Ctrl-C during the exploration stops it after its current measurement and marks its run
     # interrupted; before it, it ends the process, and the driver calls the job interrupted.
     signal.signal(signal.SIGINT, _interrupt_once)
@@ -378,7 +386,8 @@ def _run_local(jobs: list[Job], db_path: str, workers: int, scratch: Path, say: 
                 job, attempt = queue.pop(0)
                 work_dir = scratch / f"job{jobs.index(job)}-{attempt}"
                 _snapshot(db_path, work_dir)
-                process = context.Process(target=_process_main, args=(job, str(work_dir)),
+                process = context.Process(target=_process_main,
+                                          args=(job, str(work_dir), os.getpid()),
                                           daemon=True)
                 process.start()
                 running[process] = (job, attempt, work_dir)
