@@ -607,7 +607,8 @@ def _cmd_batch(args: Any) -> int:
 
         def show(event: str, row: dict[str, Any]) -> None:
             gf = row["best_gflops"]
-            print(f"  {row['status']:>11}: {row['job']}" + (f"  {gf:.1f} GFLOPS" if gf else "")
+            status = "retrying" if event == "retry" else row["status"]
+            print(f"  {status:>11}: {row['job']}" + (f"  {gf:.1f} GFLOPS" if gf else "")
                   + (f"  ({row['note']})" if row["note"] else ""), file=sys.stderr)
 
         result = run_batch(suite, args.db, jobs=args.jobs, executor=args.executor,
