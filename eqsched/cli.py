@@ -52,7 +52,7 @@ from .egraph.saturate import SaturationError
 from .egraph.space import Space, SpaceError, rule_contributions
 from .ir import LoopKind, Program, naive_program
 from .machine_model import CalibrationError, cache_path, machine_model, recalibrate
-from .runner import DEFAULT_TIMEOUT_S, Measurement, measure
+from .runner import DEFAULT_TIMEOUT_S, Measurement, TooLargeError, check_fits_in_memory, measure
 from .schedule import Schedule, ScheduleError, load_trace
 from .te import WorkloadError
 from .tools import batch, compare, distribution, experiment, ranking, report, rulekit
@@ -267,6 +267,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        f"{args.warmup}")
     target = parse_target(args.target)
     wl, size, program, steps = _build(args)
+    try:
+        check_fits_in_memory(program.computation, args.max_memory)
+    except TooLargeError as err:
+        raise CliError(str(err)) from None
     if not args.no_print:
         print(program.text(), file=sys.stderr if args.json else sys.stdout)
     print(f"eqsched: measuring {wl.name} {','.join(map(str, size))} for target {target} ...",
@@ -454,7 +458,7 @@ def _cmd_explore(args: argparse.Namespace) -> int:
                          seed=args.seed, cost_model=args.cost_model, rules=rules,
                          limits=parse_limits(args.limits), batch=args.batch, jobs=args.jobs,
                          settings=settings, progress=_progress_printer(sys.stderr))
-    except (DatabaseError, CostModelError, RuleError, ExploreError) as err:
+    except (DatabaseError, CostModelError, RuleError, ExploreError, TooLargeError) as err:
         raise CliError(str(err)) from None
     if sys.stderr.isatty():
         print(file=sys.stderr)

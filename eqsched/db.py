@@ -46,7 +46,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -708,13 +708,18 @@ class Database:
 
     # ---- JSON lines ------------------------------------------------------------------------
 
-    def export_jsonl(self, path: str | os.PathLike) -> int:
-        """Write every run and measurement (all machines) as JSON lines; returns the line count."""
+    def export_jsonl(self, path: str | os.PathLike, run_ids: Collection[int] | None = None
+                     ) -> int:
+        """Write every run and measurement (all machines) as JSON lines, or only the runs in
+        `run_ids` and their measurements; returns the line count."""
         # One snapshot, so that no exported measurement refers to a run started after the runs
         # were read.
         with self._sql("export"), self._transaction("DEFERRED"):
             runs = self.runs()
             records = self.records(target=None, all_machines=True)
+        if run_ids is not None:
+            runs = [run for run in runs if run["id"] in run_ids]
+            records = [record for record in records if record.run_id in run_ids]
         with open(path, "w") as f:
             for run in runs:
                 f.write(json.dumps({"type": "run", **run}, sort_keys=True) + "\n")
@@ -737,6 +742,16 @@ class Database:
                 record.run_id = _optional(run_ids.__getitem__, record.run_id)
                 added += self._insert_record(self._conn, record)
         return added
+
+    def copy_to(self, path: str | os.PathLike) -> None:
+        """A consistent copy of this whole database at `path` (SQLite's online backup: writers
+        elsewhere may go on)."""
+        with self._sql("copying"):
+            target = sqlite3.connect(str(path))
+            try:
+                self._conn.backup(target)
+            finally:
+                target.close()
 
     def _find_run(self, run: dict) -> int | None:
         match = " AND ".join(f"{c} IS ?" for c in _RUN_COLUMNS)

@@ -58,6 +58,7 @@ from .extract.cost import kendall, spearman
 from .extract.learned import LearnedModel
 from .ir import Program, naive_program
 from .machine_model import machine_model
+from .runner import check_fits_in_memory
 from .schedule import Schedule, ScheduleError
 from .trials import Measurer, Settings, TimingGate, Trial, has_parallel_loops
 from .workloads import get_workload
@@ -171,6 +172,7 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         settings = replace(settings, target=target)
     options = settings.options()
     options.target.check_runs_here()
+    check_fits_in_memory(wl.build(*size), settings.max_memory)  # before the e-graph is built
     say = progress or (lambda event, data: None)
     database = db if isinstance(db, Database) else Database(db)
     try:

@@ -45,7 +45,9 @@ import numpy as np
 from . import machine
 from .backend import CompileOptions, aligned_copy, compile_program
 from .ir import Program, naive_program
+from .reference import BUDGET_BYTES as REFERENCE_CHUNK_BYTES
 from .reference import compare, random_inputs, reference, tolerance
+from .te import Computation
 
 DEFAULT_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 86400.0  # a day: past it a timeout is a typo (and inf overflows the pipe's poll)
@@ -137,6 +139,34 @@ def default_max_memory() -> int:
     candidate fails with "out of memory" before the machine swaps or the OOM killer picks a
     process that matters (the explorer holds the e-graph)."""
     return max(MIN_MAX_MEMORY, machine_memory() // 2)
+
+
+class TooLargeError(ValueError):
+    """A workload size whose buffers would not fit under the worker's memory cap."""
+
+
+def buffer_bytes(comp: Computation) -> int:
+    """What measuring `comp` allocates, about: every input, intermediate and output in float32
+    (the program's buffers), the float64 copy of each that the reference computes with (it keeps
+    every stage to check the outputs), and the reference's working chunk."""
+    elements = sum(math.prod(t.shape) for t in comp.inputs) + \
+        sum(math.prod(s.shape) for s in comp.stages)
+    return elements * (4 + 8) + REFERENCE_CHUNK_BYTES
+
+
+def check_fits_in_memory(comp: Computation, max_memory: int | None) -> None:
+    """TooLargeError naming the memory needed when measuring `comp` could not stay under
+    `max_memory` (bytes; default `default_max_memory()`), before anything is allocated."""
+    cap = default_max_memory() if max_memory is None else max_memory
+    need = buffer_bytes(comp)
+    if need > cap:
+        raise TooLargeError(f"{comp.name} at this size needs about {_gib(need)} of buffers "
+                            f"(inputs, intermediates and outputs, and the reference's float64 "
+                            f"copies), over the memory cap of {_gib(cap)} (--max-memory)")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB"
 
 
 def check_max_memory(max_memory: Any) -> int:

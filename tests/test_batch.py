@@ -125,12 +125,24 @@ def test_ctrl_c_stops_the_batch_and_a_rerun_resumes_without_remeasuring(tmp_path
     (tmp_path / "s.toml").write_text(
         longer.replace('[[16, 16, 16], "small"]', "[[32, 32, 32], [48, 32, 16]]"))
     cmd = [sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2", "--db", "b.db"]
+    # Each job explores into its own copy of the database under TMPDIR until it ends: wait
+    # until both have measured something.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     proc = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(scratch)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
-        if (tmp_path / "b.db").exists() and len(measured_hashes(tmp_path / "b.db")) >= 4:
+        counts = []
+        for task_db in scratch.glob("eqsched-batch-*/job*/task.db"):
+            try:
+                with Database(task_db, readonly=True) as d:
+                    counts.append(len(d.records()))
+            except Exception:  # a copy not yet complete, or removed as its job ended
+                pass
+        if len(counts) == 2 and min(counts) >= 2:
             break
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=240)
@@ -175,3 +187,116 @@ def test_ray_runs_the_same_jobs_with_the_same_programs(tmp_path):
     assert [r["job"] for r in by_ray.rows] == [r["job"] for r in local.rows]
     assert sorted(measured_hashes(tmp_path / "ray.db")) == \
         sorted(measured_hashes(tmp_path / "local.db"))
+
+
+def test_a_killed_task_process_costs_only_its_job_which_is_retried_once(tmp_path):
+    import threading
+
+    import psutil
+
+    three = TINY.replace('[[16, 16, 16], "small"]', "[[16, 16, 16], [16, 16, 32], [32, 16, 16]]")
+    db = tmp_path / "b.db"
+    events: list[tuple[str, str]] = []
+    result: list = []
+    progress = lambda event, row: events.append((event, row["job"]))  # noqa: E731
+    batch = threading.Thread(
+        target=lambda: result.append(run_batch(suite(three), db, jobs=2, progress=progress)))
+    batch.start()
+    me = psutil.Process()
+    victim = None
+    deadline = time.time() + 120
+    while victim is None and time.time() < deadline and batch.is_alive():
+        tasks = [p for p in me.children() if "spawn_main" in " ".join(p.cmdline())]
+        victim = tasks[0] if tasks else None
+        time.sleep(0.05)
+    assert victim is not None
+    victim.kill()  # mid-job: its exploration has not finished
+    batch.join(timeout=300)
+    assert not batch.is_alive()
+    rows = result[0].rows
+    assert [r["status"] for r in rows] == ["done"] * 3
+    assert [e for e, _ in events].count("retry") == 1
+    with Database(db) as d:
+        statuses = [r["status"] for r in d.runs()]
+    assert "running" not in statuses and statuses.count("done") == 3
+
+
+def test_tasks_are_never_told_where_the_batch_database_is(tmp_path, monkeypatch):
+    import multiprocessing.context as mp
+
+    from eqsched.tools import batch
+
+    told: list[tuple] = []
+    start = mp.SpawnProcess.start
+    monkeypatch.setattr(mp.SpawnProcess, "start",
+                        lambda self: (told.append(self._args), start(self))[1])
+    db = tmp_path / "b.db"
+    run_batch(suite(TINY), db, jobs=2)
+    assert len(told) == 2
+    for job, work_dir, driver in told:
+        assert str(db) not in work_dir and (batch.Path(work_dir).parent != tmp_path)
+    assert len(measured_hashes(db)) == 2 * 3  # with the naive programs: merged by the driver
+
+
+def test_a_ray_task_whose_worker_dies_is_retried_once(tmp_path):
+    import threading
+
+    import psutil
+
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    events: list[str] = []
+    result: list = []
+    try:
+        batch = threading.Thread(target=lambda: result.append(run_batch(
+            suite(TINY), tmp_path / "ray.db", executor="ray",
+            progress=lambda event, row: events.append(event))))
+        batch.start()
+        victim = None
+        deadline = time.time() + 120
+        while victim is None and time.time() < deadline and batch.is_alive():
+            for p in psutil.process_iter(["cmdline"]):
+                if "ray::_ray_task" in " ".join(p.info["cmdline"] or []):
+                    victim = p
+                    break
+            time.sleep(0.05)
+        assert victim is not None
+        victim.kill()
+        batch.join(timeout=300)
+        assert not batch.is_alive()
+    finally:
+        ray.shutdown()
+    assert [r["status"] for r in result[0].rows] == ["done", "done"]
+    assert events.count("retry") == 1
+    with Database(tmp_path / "ray.db") as d:
+        assert [r["status"] for r in d.runs()] == ["done", "done"]
+
+
+def test_task_processes_and_their_workers_die_with_a_killed_driver(tmp_path):
+    import psutil
+
+    # Jobs that would measure for minutes: a task still alive after the driver died is an orphan.
+    (tmp_path / "s.toml").write_text(TINY.replace("trials = 2", "trials = 100000\nseconds = 300")
+                                     .replace('[[16, 16, 16], "small"]', "[[32, 32, 32]]"))
+    proc = subprocess.Popen([sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2",
+                             "--db", "b.db"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = psutil.Process(proc.pid)
+    def measuring() -> bool:  # a task exploring: its measuring worker has started
+        try:
+            return any("_worker_main" in " ".join(p.cmdline())
+                       for p in driver.children(recursive=True))
+        except psutil.NoSuchProcess:  # one ended while we looked
+            return False
+
+    deadline = time.time() + 120
+    while not measuring() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert measuring()
+    descendants = driver.children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    gone, alive = psutil.wait_procs(descendants, timeout=20)
+    for p in alive:  # cleans up after a failure; the assertion below reports it
+        p.kill()
+    assert alive == []

@@ -187,11 +187,20 @@ def test_a_bad_timeout_or_memory_cap_is_a_one_line_error_before_anything_is_done
     assert not (tmp_path / "x.db").exists()
 
 
-def test_a_program_too_big_for_the_memory_cap_is_a_one_line_error():
-    proc = eqsched_cmd("run", "matmul", "--size", "16384,16384,16", "--max-memory", "512M",
-                       "--no-print")
-    assert_one_line_error(proc, "failed: out of memory: Unable to allocate")
-    assert "(raise --max-memory or lower --size)" in proc.stderr
+@pytest.mark.parametrize("command", ["run", "explore", "batch"])
+def test_a_size_too_big_for_the_memory_cap_is_refused_before_anything_is_done(tmp_path,
+                                                                               command):
+    # 3 x 10^10 floats, in float32 and the reference's float64: about 335 GiB.
+    (tmp_path / "suite.toml").write_text(
+        '[[explore]]\nworkload = "matmul"\nsizes = [[100000, 100000, 100000]]\n')
+    args = [a.format(tmp=tmp_path) for a in TARGET_COMMANDS[command]]
+    if command != "batch":
+        args[args.index("--size") + 1] = "100000,100000,100000"
+    proc = eqsched_cmd(*args, "--max-memory", "8G")
+    assert_one_line_error(proc, "matmul at this size needs about 335 GiB of buffers")
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "over the memory cap of 8 GiB (--max-memory)")
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_every_command_that_compiles_takes_a_target():

@@ -398,6 +398,21 @@ def test_export_then_import_gives_equal_records_and_runs(db, tmp_path):
         assert len(fresh.runs()) == 2
 
 
+def test_a_copy_and_an_export_of_some_runs_carry_a_batch_tasks_rows(db, tmp_path):
+    # A batch task explores into a copy and sends back only the runs it started.
+    before = start(db)
+    db.add(record("h1", run_id=before))
+    db.copy_to(tmp_path / "task.db")
+    with Database(tmp_path / "task.db", machine_fp="here") as task:
+        assert task.records() == db.records() and task.runs() == db.runs()
+        new = start(task, seed=1)
+        task.add(record("h2", run_id=new))
+        assert task.export_jsonl(tmp_path / "rows.jsonl", run_ids={new}) == 2
+    assert db.import_jsonl(tmp_path / "rows.jsonl") == 1
+    assert [r.program_hash for r in db.records()] == ["h1", "h2"]
+    assert [r["seed"] for r in db.runs()] == [0, 1]
+
+
 @pytest.mark.parametrize("bad_line, message", [
     ("{not json", "line 2: not JSON"),
     ('{"type": "cake"}', 'line 2: expected an object with "type"'),

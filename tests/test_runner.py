@@ -22,13 +22,17 @@ from eqsched.expr import Const
 from eqsched.ir import Block, Loop, LoopKind, map_nodes, naive_program
 from eqsched.runner import (
     DETERMINISTIC,
+    MIN_MAX_MEMORY,
     TRANSIENT,
     Measurement,
+    TooLargeError,
     _drop_damaged_references,
     _Job,
     _reference_for,
     _Worker,
     _WorkerLost,
+    buffer_bytes,
+    check_fits_in_memory,
     check_max_memory,
     check_timeout,
     default_max_memory,
@@ -319,6 +323,18 @@ def test_a_workload_bigger_than_the_memory_cap_is_out_of_memory(matmul):
     m = measure(wide, repeats=1, max_memory=512 << 20, worker=4)
     assert m.error.startswith("out of memory: ") and "(at kernel.py:" in m.error, m.error
     assert m.error_kind == TRANSIENT
+
+
+def test_the_buffer_estimate_counts_every_tensor_in_float32_and_the_references_float64():
+    from eqsched.reference import BUDGET_BYTES
+
+    mm = get_workload("mm_exp_mm").build(16, 8, 4, 2)  # A, B, E in; C, D, F computed
+    elements = 16 * 8 + 8 * 4 + 16 * 4 + 16 * 4 + 4 * 2 + 16 * 2
+    assert buffer_bytes(mm) == elements * (4 + 8) + BUDGET_BYTES
+    check_fits_in_memory(mm, MIN_MAX_MEMORY)
+    huge = get_workload("matmul").build(65536, 65536, 16)
+    with pytest.raises(TooLargeError, match=r"needs about 48.\d GiB .* cap of 1 GiB"):
+        check_fits_in_memory(huge, 1 << 30)
 
 
 def test_the_default_memory_cap_is_half_of_what_the_machine_or_its_container_allows(

@@ -21,11 +21,12 @@ target (like "host,-avx512f"; `--target` sets it for a suite that does not), max
 measuring worker's memory cap, like "8G" or "50%"; `--max-memory` sets it for a suite that does
 not; it does not tell two runs apart). A target LLVM does
 not know, or one this machine cannot run, fails the whole suite before any job starts.
-Every exploration writes to one SQLite database (it takes concurrent writers). An exploration
-whose run already finished in the database is not run again; an interrupted one is re-run and
-measures nothing it already stored. Local worker processes run `--jobs` explorations at once;
-`--executor ray` hands the same jobs to Ray tasks instead (the database path must be on storage
-every Ray node sees).
+A size too big for the memory cap fails the suite too. Every exploration ends in one SQLite
+database, which only this process (the driver) writes: a job explores into a snapshot of it and
+sends its rows back. An exploration whose run already finished in the database is not run again;
+an interrupted one is re-run and measures nothing it already stored. `--jobs` local processes,
+one per job, run at once; `--executor ray` hands the same jobs to Ray tasks instead. A job whose
+process dies is retried once; the others go on.
 
     suite = Suite.load("suite.toml")
     result = run_batch(suite, "runs.db", jobs=2)
@@ -36,16 +37,18 @@ See docs/ARCHITECTURE.md §10 Exploration.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +106,7 @@ class Suite:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "<suite>",
                   target: str = "host", max_memory: int | None = None) -> Suite:
+        from ..runner import TooLargeError, check_fits_in_memory
         from ..workloads import get_workload
 
         base = {**DEFAULTS, **_config({"target": target}, f"{where} (the batch's target)")}
@@ -136,7 +140,12 @@ class Suite:
             lists = {k: v if isinstance(v, list) else [v] for k, v in merged.items()}
             for size in resolved:
                 for values in itertools.product(*lists.values()):
-                    jobs.append(Job(wl.name, size, tuple(sorted(zip(lists, values)))))
+                    job = Job(wl.name, size, tuple(sorted(zip(lists, values))))
+                    try:  # before any job starts
+                        check_fits_in_memory(wl.build(*size), job.settings()["max_memory"])
+                    except TooLargeError as e:
+                        raise BatchError(f"{at}: {e}") from None
+                    jobs.append(job)
         keys = [j.key for j in jobs]
         dup = next((k for k in keys if keys.count(k) > 1), None)
         if dup:
@@ -235,15 +244,12 @@ def _config_of(run: dict) -> Any:
     return {"target": HOST, **{k: v for k, v in config.items() if k != "max_memory"}}
 
 
-def run_job(job: Job, db_path: str) -> dict[str, Any]:
-    """Explore one job into the database; returns its summary row. Never raises for a failed
-    exploration: the error is the row's."""
+def explore_job(job: Job, db_path: str) -> dict[str, Any]:
+    """Explore one job into the database at `db_path` (in a batch, the task's private copy);
+    returns its summary row. Never raises for a failed exploration: the error is the row's."""
     from ..explore import explore
     from ..trials import Settings
 
-    done = finished_row(job, db_path)
-    if done is not None:
-        return done
     c = job.settings()
     try:
         result = explore(job.workload, job.size, trials=c["trials"], seconds=c["seconds"],
@@ -270,79 +276,186 @@ def _row(job: Job, status: str, summary: dict[str, Any], measured: int | None = 
             "wall_s": summary.get("wall_s"), "note": note}
 
 
+# ---- tasks: one writer ------------------------------------------------------------------------
+#
+# A task (a local process or a Ray task) never opens the batch's database. It explores into its
+# own copy, a snapshot of the batch's database taken when the task is handed out (so it looks up
+# what earlier jobs measured), and gives back the rows of its new runs as JSON lines, which the
+# driver alone imports. SQLite files are thus never shared between processes or hosts, and a task
+# that dies leaves the batch's database as it was.
+
+TASK_DB = "task.db"
+TASK_ROWS = "rows.jsonl"
+TASK_RESULT = "row.json"
+SNAPSHOT_RUNS = "snapshot_runs.json"  # the ids of the runs the task database began with
+
+
+def _task(job: Job, work_dir: str) -> dict[str, Any]:
+    """Explore `job` into `work_dir`'s task database (a snapshot of the batch's); write the new
+    runs' rows to TASK_ROWS; returns the summary row."""
+
+    row = explore_job(job, str(Path(work_dir) / TASK_DB))
+    _export_new_runs(work_dir, _snapshot_runs(Path(work_dir)))
+    return row
+
+
+def _export_new_runs(work_dir: str, before: set[int]) -> None:
+    """The rows of the task database's runs not in `before` as JSON lines in TASK_ROWS; a run
+    that never finished (its task died) is marked interrupted first, so that it resumes."""
+    from ..db import Database
+
+    with Database(Path(work_dir) / TASK_DB) as db:
+        new = [run for run in db.runs() if run["id"] not in before]
+        for run in new:
+            if run["status"] not in ("done", "interrupted", "failed"):  # running, abandoned
+                db.finish_run(run["id"], status="interrupted", summary=run["summary"])
+        db.export_jsonl(Path(work_dir) / TASK_ROWS, run_ids={run["id"] for run in new})
+
+
+def _snapshot(db_path: str, work_dir: Path) -> None:
+    """Copy the batch's database into `work_dir` as the task's (read-only: the driver may be
+    writing it)."""
+    from ..db import Database
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with Database(db_path, readonly=True) as db:
+        db.copy_to(work_dir / TASK_DB)
+    with Database(work_dir / TASK_DB, readonly=True) as copy:
+        runs = [run["id"] for run in copy.runs()]
+    (work_dir / SNAPSHOT_RUNS).write_text(json.dumps(runs))
+
+
+def _snapshot_runs(work_dir: Path) -> set[int]:
+    return set(json.loads((work_dir / SNAPSHOT_RUNS).read_text()))
+
+
+def _merge(db_path: str, rows_file: Path) -> int:
+    """Import a task's rows into the batch's database (the driver is its only writer); returns
+    the measurements added."""
+    from ..db import Database
+
+    if not rows_file.exists():
+        return 0
+    with Database(db_path) as db:
+        return db.import_jsonl(rows_file)
+
+
 # ---- executors --------------------------------------------------------------------------------
 
-_busy = False
-_stop: Any = None  # set by the parent on Ctrl-C: queued jobs then do not start
+def _process_main(job: Job, work_dir: str, driver: int) -> None:
+    """A local task process of the driver with pid `driver`: explore `job` in `work_dir`, its
+    summary row into TASK_RESULT."""
+    # A task outliving its driver (kill -9) would explore into a copy nobody merges: it dies
+    # with it (Linux: PR_SET_PDEATHSIG), and its measuring worker with it (§11).
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, ctypes.c_ulong(signal.SIGKILL), *[ctypes.c_ulong(0)] * 3)
+    if os.getppid() != driver:  # the driver died before the signal was asked for
+        os._exit(1)
+    # Ctrl-C during the exploration stops it after its current measurement and marks its run
+    # interrupted; before it, it ends the process, and the driver calls the job interrupted.
+    signal.signal(signal.SIGINT, _interrupt_once)
+    row = _task(job, work_dir)
+    (Path(work_dir) / TASK_RESULT).write_text(json.dumps(row))
 
 
-def _worker_init(stop: Any) -> None:
-    # An idle pool process ignores Ctrl-C (dying would break the pool); a busy one stops its
-    # exploration, which keeps what it measured and marks its run interrupted.
-    global _stop
-    _stop = stop
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if _busy:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
-
-
-def _pool_job(job: Job, db_path: str) -> dict[str, Any]:
-    global _busy
-    if _stop is not None and _stop.is_set():
-        return _row(job, "not run", {}, note="interrupted before it started")
-    _busy = True
-    try:
-        return run_job(job, db_path)
-    finally:
-        _busy = False
+def _interrupt_once(signum: int, frame: Any) -> None:
+    # The terminal's Ctrl-C and the driver's both arrive: a second one must not cut short the
+    # exploration's own handling of the first (marking its run interrupted, exporting its rows).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 Progress = Callable[[str, dict[str, Any]], None]
+RETRIES = 1  # a task whose process died is run once more
 
 
-def _run_local(jobs: list[Job], db_path: str, workers: int, say: Progress) -> tuple[list, bool]:
-    rows: dict[Job, dict[str, Any]] = {}
-    interrupted = False
+def _run_local(jobs: list[Job], db_path: str, workers: int, scratch: Path, say: Progress
+               ) -> tuple[list, bool]:
+    """Each job in its own process, `workers` at once: a process that dies (killed, out of
+    memory) costs only its job, which is retried once; what it measured before is kept."""
+    from multiprocessing.connection import wait as wait_for
+
     context = multiprocessing.get_context("spawn")
-    stop = context.Event()
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
-                             initargs=(stop,)) as pool:
-        futures = {}
-        for job in jobs:
-            futures[pool.submit(_pool_job, job, db_path)] = job
-        pending = set(futures)
-        try:
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    rows[futures[f]] = f.result()
-                    say("job", rows[futures[f]])
-                    if rows[futures[f]]["status"] == "interrupted":
-                        # Ctrl-C reached the job, but this process did not raise
-                        # KeyboardInterrupt (seen once in CI): stop all the same.
-                        raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            interrupted = True
-            stop.set()
-            for f in pending:
-                f.cancel()
-            for f in pending:  # running explorations stop after their current measurement
-                if f.cancelled():
+    rows: dict[Job, dict[str, Any]] = {}
+    queue = [(job, 0) for job in jobs]
+    running: dict[Any, tuple[Job, int, Path]] = {}  # process -> job, attempt, work dir
+    interrupted = False
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                job, attempt = queue.pop(0)
+                work_dir = scratch / f"job{jobs.index(job)}-{attempt}"
+                _snapshot(db_path, work_dir)
+                process = context.Process(target=_process_main,
+                                          args=(job, str(work_dir), os.getpid()),
+                                          daemon=True)
+                process.start()
+                running[process] = (job, attempt, work_dir)
+            ended = wait_for([p.sentinel for p in running])
+            for process in [p for p in running if p.sentinel in ended]:
+                process.join()
+                job, attempt, work_dir = running.pop(process)
+                row = _collect(job, process.exitcode, work_dir, db_path)
+                if row["status"] == "died" and attempt < RETRIES:
+                    say("retry", row)
+                    queue.insert(0, (job, attempt + 1))
                     continue
-                try:
-                    rows[futures[f]] = f.result()
-                except BaseException as e:
-                    rows[futures[f]] = _row(futures[f], "interrupted", {}, note=str(e))
+                if row["status"] == "died":
+                    row["status"] = "failed"
+                rows[job] = row
+                say("job", row)
+                if row["status"] == "interrupted":
+                    # Ctrl-C reached the job, but this process did not raise
+                    # KeyboardInterrupt (seen once in CI): stop all the same.
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        interrupted = True
+        for process in running:  # their explorations stop after their current measurement
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGINT)
+        for process, (job, _, work_dir) in running.items():
+            process.join()
+            rows[job] = _collect(job, process.exitcode, work_dir, db_path)
+            if rows[job]["status"] == "died":
+                rows[job]["status"] = "interrupted"
     return [rows.get(j) or _row(j, "not run", {}) for j in jobs], interrupted
 
 
-def _run_ray(jobs: list[Job], db_path: str, address: str | None, say: Progress
+def _collect(job: Job, exitcode: int | None, work_dir: Path, db_path: str) -> dict[str, Any]:
+    """The row of a finished task process, its rows merged into the batch's database; a task
+    that died is "died" (what it stored before is merged all the same)."""
+    result = work_dir / TASK_RESULT
+    if exitcode == 0 and result.exists():
+        row = json.loads(result.read_text())
+    else:
+        # Exported again: the process may have died while writing TASK_ROWS.
+        if (work_dir / TASK_DB).exists():
+            _export_new_runs(str(work_dir), _snapshot_runs(work_dir))
+        how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else \
+            f"exit status {exitcode}"
+        row = _row(job, "died", {}, note=f"its process died ({how})")
+    _merge(db_path, work_dir / TASK_ROWS)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return row
+
+
+def _ray_task(job: Job, snapshot: bytes, snapshot_runs: list[int]) -> tuple[dict, str]:
+    """A Ray task: explore `job` in a temporary copy of the batch's database (`snapshot`, the
+    file's bytes); returns the summary row and the new runs' rows as JSON lines."""
+    with tempfile.TemporaryDirectory(prefix="eqsched-task-") as work_dir:
+        (Path(work_dir) / TASK_DB).write_bytes(snapshot)
+        (Path(work_dir) / SNAPSHOT_RUNS).write_text(json.dumps(snapshot_runs))
+        row = _task(job, work_dir)
+        return row, (Path(work_dir) / TASK_ROWS).read_text()
+
+
+def _run_ray(jobs: list[Job], db_path: str, address: str | None, scratch: Path, say: Progress
              ) -> tuple[list, bool]:
+    """The jobs as Ray tasks: each gets a snapshot of the batch's database and sends back its
+    rows, which this process writes; a task whose worker died is retried once."""
     try:
         import ray
+        from ray.exceptions import RayError
     except ImportError:
         raise BatchError("--executor ray needs Ray: pip install 'eqsched[ray]'") from None
     if not ray.is_initialized():
@@ -353,26 +466,55 @@ def _run_ray(jobs: list[Job], db_path: str, address: str | None, say: Progress
                 raise BatchError(f"no Ray cluster at {address}") from None
             print("eqsched: no Ray cluster found; starting a local one", file=sys.stderr)
             ray.init(log_to_driver=False)
-    remote = ray.remote(num_cpus=1)(run_job)
-    refs = {remote.remote(job, db_path): job for job in jobs}
+    remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+
+    def submit(job: Job, attempt: int) -> Any:
+        work_dir = scratch / f"job{jobs.index(job)}-{attempt}"
+        _snapshot(db_path, work_dir)
+        ref = remote.remote(job, (work_dir / TASK_DB).read_bytes(),
+                            sorted(_snapshot_runs(work_dir)))
+        refs[ref] = (job, attempt, work_dir)
+        return ref
+
+    refs: dict[Any, tuple[Job, int, Path]] = {}
+    pending = [submit(job, 0) for job in jobs]
     rows: dict[Job, dict[str, Any]] = {}
     interrupted = False
-    pending = list(refs)
+
+    def finish(ref: Any) -> dict[str, Any]:
+        job, attempt, work_dir = refs[ref]
+        try:
+            row, task_rows = ray.get(ref)
+        except RayError as e:
+            note = f"its Ray task failed ({type(e).__name__})"
+            row, task_rows = _row(job, "died", {}, note=note), ""
+        (work_dir / TASK_ROWS).write_text(task_rows)
+        _merge(db_path, work_dir / TASK_ROWS)
+        shutil.rmtree(work_dir, ignore_errors=True)
+        return row
+
     try:
         while pending:
             finished, pending = ray.wait(pending, num_returns=1)
             for ref in finished:
-                rows[refs[ref]] = ray.get(ref)
-                say("job", rows[refs[ref]])
+                job, attempt, _ = refs[ref]
+                row = finish(ref)
+                if row["status"] == "died" and attempt < RETRIES:
+                    say("retry", row)
+                    pending.append(submit(job, attempt + 1))
+                    continue
+                if row["status"] == "died":
+                    row["status"] = "failed"
+                rows[job] = row
+                say("job", row)
     except KeyboardInterrupt:
         interrupted = True
         for ref in pending:
             ray.cancel(ref)  # a running task gets KeyboardInterrupt: its run is "interrupted"
         for ref in pending:
-            try:
-                rows[refs[ref]] = ray.get(ref)
-            except BaseException:
-                rows[refs[ref]] = _row(refs[ref], "interrupted", {})
+            row = finish(ref)
+            rows[refs[ref][0]] = {**row, "status": "interrupted"} if row["status"] == "died" \
+                else row
     return [rows.get(j) or _row(j, "not run", {}) for j in jobs], interrupted
 
 
@@ -418,10 +560,21 @@ def run_batch(suite: Suite, db: str | Path, jobs: int = 1, executor: str = "loca
     Database(db_path).close()  # a corrupt or foreign file fails here, before any job starts
     say = progress or (lambda event, data: None)
     started = time.perf_counter()
-    if executor == "ray":
-        rows, interrupted = _run_ray(suite.jobs, db_path, ray_address, say)
-    else:
-        rows, interrupted = _run_local(suite.jobs, db_path, jobs, say)
+    done = {job: finished_row(job, db_path) for job in suite.jobs}
+    for row in done.values():
+        if row is not None:
+            say("job", row)
+    todo = [job for job in suite.jobs if done[job] is None]
+    with tempfile.TemporaryDirectory(prefix="eqsched-batch-") as scratch:
+        if not todo:
+            ran, interrupted = {}, False
+        elif executor == "ray":
+            rows, interrupted = _run_ray(todo, db_path, ray_address, Path(scratch), say)
+            ran = dict(zip(todo, rows))
+        else:
+            rows, interrupted = _run_local(todo, db_path, jobs, Path(scratch), say)
+            ran = dict(zip(todo, rows))
+    rows = [done[job] or ran[job] for job in suite.jobs]
     return BatchResult(rows, interrupted, time.perf_counter() - started)
 
 
@@ -454,7 +607,8 @@ def _cmd_batch(args: Any) -> int:
 
         def show(event: str, row: dict[str, Any]) -> None:
             gf = row["best_gflops"]
-            print(f"  {row['status']:>11}: {row['job']}" + (f"  {gf:.1f} GFLOPS" if gf else "")
+            status = "retrying" if event == "retry" else row["status"]
+            print(f"  {status:>11}: {row['job']}" + (f"  {gf:.1f} GFLOPS" if gf else "")
                   + (f"  ({row['note']})" if row["note"] else ""), file=sys.stderr)
 
         result = run_batch(suite, args.db, jobs=args.jobs, executor=args.executor,
