@@ -212,6 +212,10 @@ def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: 
         rows.append({"case": name, "target": target, "eqsched": eq, "numpy": npy,
                      "onnxruntime": ort, "spread": max(spread for _, spread in timings),
                      "explore_s": result.wall_s, "trials": trials, "workload": workload,
+                     # the winner's curse: the rounds' best single timing, the finalists'
+                     # re-measured best (both in the exploration's worker)
+                     "in_run": result.in_run_best_gflops or result.best.gflops,
+                     "remeasured": result.best.gflops if result.finalists else None,
                      "size": list(size), "trace": result.best_trace})
         print(f"{label}: {eq:.1f} / numpy {npy:.1f} / onnxruntime {ort:.1f} GFLOPS",
               file=sys.stderr, flush=True)
@@ -250,7 +254,8 @@ def report(rows_by_target: dict[str, list], thread_rows: list) -> bool:
         numpy_name = "numpy" + (" (Haswell kernel)" if TARGETS[target] else "")
         print(f"\n== target {target}: one thread, GFLOPS, medians of alternating runs ==")
         print(f"{'case':<21} {'eqsched':>8} {numpy_name:>{max(7, len(numpy_name))}} {'ratio':>6} "
-              f"{'onnxrt':>7} {'ratio':>6} {'explore s':>9} {'spread':>6}")
+              f"{'onnxrt':>7} {'ratio':>6} {'explore s':>9} {'spread':>6} {'in-run':>7} "
+              f"{'finals':>7}")
         for row in rows:
             if "error" in row:
                 print(f"{row['case']:<21} {row['error']}  BELOW")
@@ -263,9 +268,12 @@ def report(rows_by_target: dict[str, list], thread_rows: list) -> bool:
             print(f"{row['case']:<21} {row['eqsched']:>8.1f} "
                   f"{row['numpy']:>{max(7, len(numpy_name))}.1f} {r_np:>6.2f} "
                   f"{row['onnxruntime']:>7.1f} {r_ort:>6.2f} {row['explore_s']:>9.1f} "
-                  f"{row['spread']:>6.1%}  "
+                  f"{row['spread']:>6.1%} {row['in_run']:>7.1f} "
+                  f"{row['remeasured'] or float('nan'):>7.1f}  "
                   f"{'ok' if good else 'BELOW'}")
-        print(f"(bars: >= {NUMPY_BAR[target]} x numpy; conv2d >= {ORT_BAR} x onnxruntime)")
+        print(f"(bars: >= {NUMPY_BAR[target]} x numpy; conv2d >= {ORT_BAR} x onnxruntime; "
+              f"in-run: the exploration's best single timing, finals: its finalists' best "
+              f"re-measured side by side, both in its worker)")
     if thread_rows:
         print("\n== two threads vs one (host; each its own exploration's winner) ==")
         print(f"{'case':<21} {'1 thread':>9} {'2 threads':>9} {'speedup':>8} {'spread':>6}")
