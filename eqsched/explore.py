@@ -110,6 +110,9 @@ class ExploreResult:
     # re-measured GFLOPS each; `best` is the fastest re-measured, with its re-measured time.
     finalists: list[dict[str, Any]] = field(default_factory=list)
     in_run_best_gflops: float | None = None  # the best single measurement of the rounds
+    # measured candidates passed over because their trace rebuilds another program (a derive
+    # bug, never a reported result)
+    unreplayable: list[str] = field(default_factory=list)
 
     @property
     def trials(self) -> list[Trial]:
@@ -142,7 +145,7 @@ class ExploreResult:
                         "trials": [asdict(t) for t in r.trials]} for r in self.rounds],
             "space": self.space, "wall_s": self.wall_s, "interrupted": self.interrupted,
             "stop_reason": self.stop_reason, "finalists": self.finalists,
-            "in_run_best_gflops": self.in_run_best_gflops,
+            "in_run_best_gflops": self.in_run_best_gflops, "unreplayable": self.unreplayable,
             "run_id": self.run_id, "db": self.db_path,
         }
 
@@ -440,17 +443,42 @@ class _Exploration:
 
     def finish_result(self) -> None:
         """The best program, its trace (checked: it rebuilds the measured program) and peak,
-        and the wall time."""
+        and the wall time. A best whose trace rebuilds another program is passed over for the
+        next measured candidate whose trace holds (`unreplayable` names it); with none left the
+        run fails."""
         if self.best is not None:
+            self.settle_on_replayable()
             program = self.best.program
-            trace = self.best.trace  # derived when it was measured, if it was
-            _check_trace(self.measurer.naive, trace, self.result.best.program_hash)
             self.result.best_program = program
             parallel = has_parallel_loops(program)
             cores = self.measurer.settings.options().thread_count if parallel else 1
             self.result.peak_gflops = self.peak_gflops_per_core * cores
-            self.result.best_trace = trace
+            self.result.best_trace = self.best.trace  # derived when it was measured, if it was
         self.result.wall_s = time.perf_counter() - self.budget.started
+
+    def settle_on_replayable(self) -> None:
+        remeasured = {f["hash"]: f["remeasured_gflops"] for f in self.result.finalists}
+        order = [self.best, *sorted((c for c in self.elites if c is not self.best),
+                                    key=lambda c: -(remeasured.get(c.hash) or 0))]
+        first_error: ExploreError | None = None
+        for cand in order:
+            try:
+                _check_trace(self.measurer.naive, cand.trace, cand.hash)
+            except ExploreError as err:
+                first_error = first_error or err
+                self.result.unreplayable.append(cand.hash)
+                continue
+            if cand is not self.best:
+                trial = next(t for t in self.result.trials
+                             if t.program_hash == cand.hash and t.correct)
+                if remeasured.get(cand.hash):
+                    flops = self.measurer.naive.computation.flops
+                    trial = replace(trial, gflops=remeasured[cand.hash],
+                                    median_s=flops / remeasured[cand.hash] / 1e9)
+                self.best, self.result.best = cand, trial
+            return
+        assert first_error is not None
+        raise first_error
 
 
 def _check_trace(naive: Program, trace: list[dict], measured_hash: str) -> None:

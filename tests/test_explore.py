@@ -353,3 +353,21 @@ def test_a_best_whose_trace_rebuilds_another_program_is_not_reported(tmp_path, m
         run(tmp_path / "x.db", trials=4)
     with Database(tmp_path / "x.db") as d:
         assert d.runs()[0]["status"] == "failed"
+
+
+def test_a_best_whose_trace_rebuilds_another_program_gives_way_to_the_next(tmp_path,
+                                                                         monkeypatch):
+    checked = []
+    real = explore_module._check_trace
+
+    def first_checked_fails(naive, trace, measured_hash):  # the best: as if derive had erred
+        checked.append(measured_hash)
+        if len(checked) == 1:
+            raise explore_module.ExploreError("the best program's trace rebuilds another")
+        real(naive, trace, measured_hash)
+
+    monkeypatch.setattr(explore_module, "_check_trace", first_checked_fails)
+    result = run(tmp_path / "x.db", trials=8)
+    assert result.unreplayable == checked[:1] and result.best.program_hash == checked[1]
+    naive = naive_program(get_workload("matmul").build(*SIZE))
+    assert Schedule.replay(naive, result.best_trace).program.hash() == result.best.program_hash
