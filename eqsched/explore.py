@@ -410,11 +410,18 @@ class _Exploration:
         if not timed:
             return  # every re-measurement failed (e.g. a timeout): keep the rounds' best
         winner = min((c for c in finalists if c.hash in timed), key=lambda c: timed[c.hash])
-        in_run = next(t for t in self.result.trials if t.program_hash == winner.hash)
         self.result.in_run_best_gflops = self.result.best.gflops
-        self.result.best = replace(in_run, median_s=timed[winner.hash],
-                                   gflops=flops / timed[winner.hash] / 1e9)
+        self.result.best = self.trial_of(winner, timed[winner.hash])
         self.best = winner
+
+    def trial_of(self, cand: Candidate, median_s: float | None = None) -> Trial:
+        """The run's correct trial of a measured candidate; with `median_s` (a re-measured
+        time) in place of the one the rounds measured."""
+        trial = next(t for t in self.result.trials if t.program_hash == cand.hash and t.correct)
+        if median_s is None:
+            return trial
+        return replace(trial, median_s=median_s,
+                       gflops=self.measurer.naive.computation.flops / median_s / 1e9)
 
     def learn(self, good: list[tuple[Candidate, Trial]]) -> None:
         """The model, the best so far and the elites take in measured correct candidates."""
@@ -469,13 +476,10 @@ class _Exploration:
                 self.result.unreplayable.append(cand.hash)
                 continue
             if cand is not self.best:
-                trial = next(t for t in self.result.trials
-                             if t.program_hash == cand.hash and t.correct)
-                if remeasured.get(cand.hash):
-                    flops = self.measurer.naive.computation.flops
-                    trial = replace(trial, gflops=remeasured[cand.hash],
-                                    median_s=flops / remeasured[cand.hash] / 1e9)
-                self.best, self.result.best = cand, trial
+                gflops = remeasured.get(cand.hash)
+                flops = self.measurer.naive.computation.flops
+                self.best = cand
+                self.result.best = self.trial_of(cand, flops / gflops / 1e9 if gflops else None)
             return
         assert first_error is not None
         raise first_error
