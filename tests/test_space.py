@@ -484,6 +484,26 @@ def test_a_walk_reaches_members_of_the_space(space):
     assert found > 0
 
 
+def test_a_saturation_stopped_early_leaves_every_walk_a_choice():
+    """One iteration leaves a helper node (`append`) not yet rewritten into a program node: the
+    nodes over its class spell no program and are not offered to a walk (explore's search
+    walks the space at random)."""
+    from eqsched.egraph.saturate import Limits, saturate
+    from eqsched.rules import resolve
+
+    naive = naive_program(get_workload("matmul").build(16, 16, 16))
+    sp = Space(saturate(naive, resolve(None), Limits(iterations=1)), VECTOR_LANES)
+    rng = random.Random(0)
+
+    def pick(slot, choices):
+        assert choices, f"slot {slot} offers nothing to pick"
+        return rng.choice(choices)
+
+    for _ in range(50):
+        sp.walk(pick)
+    assert sp.count() > 0
+
+
 def test_a_walk_that_always_takes_the_first_choice_is_deterministic(space):
     first = space.walk(lambda slot, choices: choices[0])
     assert first == space.walk(lambda slot, choices: choices[0])

@@ -328,6 +328,11 @@ class Space:
         for cid in self._order:
             nodes = []
             for op, literals, children, own in specs[cid]:
+                # A saturation stopped early (--limits) can leave a class with no program node
+                # yet (only a helper such as `append`, not rewritten): a node over it spells no
+                # program, and a walk that chose it would find nothing to pick there.
+                if any(not self._nodes[c] for c, _ in children):
+                    continue
                 text = repr((op, literals, [(digests[c], p) for c, p in children]))
                 nodes.append((hashlib.sha1(text.encode()).hexdigest(), op, literals, children,
                               own))
