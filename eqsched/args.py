@@ -1,12 +1,20 @@
 """What the `eqsched` command and its tools share to read their arguments: the one-line user
-error and the parsers of --size, --limits, --target, --timeout and --max-memory.
+error and the parsers of --size, --limits, --rules, --target, --timeout, --seconds, --seed and
+--max-memory, and the check that an output file can be written.
 
     size = parse_size("64,64,64", get_workload("matmul"))   # (64, 64, 64), checked by the workload
     limits = parse_limits("iterations=20,seconds=10")       # an egraph.saturate.Limits
+    rules = parse_rules("-pack,+unroll")                    # ["-pack", "+unroll"]; None: default
     target = parse_target("host,-avx512f")                  # a backend.Target this CPU can run
     raise CliError("--samples must be >= 1, got 0")         # `eqsched: error: ...`, exit status 2
     run.add_argument("--timeout", type=timeout_arg)         # argparse refuses inf, nan, 0, -1
+    exp.add_argument("--seconds", type=seconds_arg)         # argparse refuses inf, nan, 0, -1
+    exp.add_argument("--seed", type=seed_arg)               # argparse refuses -1, 2**63
     max_memory_bytes("8G"), max_memory_bytes("50%")        # 8 GiB; half of this machine's memory
+    check_writable(Path("best.json"), "the trace")          # before the work whose result it is
+
+Every check runs before anything expensive (saturation, exploration, measuring), so a bad value
+costs a second, not the run.
 
 See docs/ARCHITECTURE.md §14 Layering.
 """
@@ -14,7 +22,9 @@ See docs/ARCHITECTURE.md §14 Layering.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -50,11 +60,28 @@ def parse_limits(text: str | None) -> Any:
         if name.strip() not in fields:
             raise CliError(f"bad --limits item {item!r}: expected iterations=, enodes= or "
                            f"seconds=, like iterations=20,enodes=200000,seconds=10")
+        if name.strip() in values:
+            raise CliError(f"bad --limits {text!r}: {name.strip()} is given twice")
         try:
             values[name.strip()] = fields[name.strip()](value)
         except ValueError:
             raise CliError(f"bad --limits value in {item!r}: not a number") from None
-    return Limits(**values)
+    try:
+        return Limits(**values)
+    except ValueError as err:
+        raise CliError(f"bad --limits {text!r}: {err}") from None
+
+
+def parse_rules(text: str | None) -> list[str] | None:
+    """The rule names or +name/-name edits of a --rules spec; None (the default set) when there
+    is no spec. A spec that names nothing (",") is refused rather than read as the default."""
+    if text is None:
+        return None
+    rules = [r.strip() for r in text.split(",") if r.strip()]
+    if not rules:
+        raise CliError(f"bad --rules {text!r}: it names no rule (leave --rules out for the "
+                       f"default set)")
+    return rules
 
 
 def parse_target(text: str, *, runs_here: bool = True) -> Target:
@@ -76,15 +103,71 @@ def timeout_arg(text: str) -> float:
     finite, at most a day), so a bad --timeout is refused before anything runs."""
     from .runner import check_timeout
 
+    return _checked_seconds(text, "timeout", check_timeout)
+
+
+def seconds_arg(text: str) -> float:
+    """An argparse type: explore's wall-time budget, checked by `explore.check_seconds` (more
+    than 0, finite), so that --seconds 0 does not saturate a space to measure nothing."""
+    from .explore import check_seconds
+
+    return _checked_seconds(text, "seconds", check_seconds)
+
+
+def _checked_seconds(text: str, what: str, check: Any) -> float:
     try:
         seconds = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"timeout must be a number of seconds, got {text!r}"
+        raise argparse.ArgumentTypeError(f"{what} must be a number of seconds, got {text!r}"
                                          ) from None
     try:
-        return check_timeout(seconds)
+        return check(seconds)
+    except ValueError as err:
+        # 1e400 reads as inf: the message quotes what was typed, not what it became.
+        head, said_got, _ = str(err).rpartition(", got ")
+        raise argparse.ArgumentTypeError(f"{head}, got {text!r}" if said_got else str(err)
+                                         ) from None
+
+
+def seed_arg(text: str) -> int:
+    """An argparse type: a seed, checked by `trials.check_seed` (0 to 2**63 - 1)."""
+    from .trials import check_seed
+
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed must be an integer, got {text!r}") from None
+    try:
+        return check_seed(seed)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """Refuse an output file that could not be written, before the work whose result it holds
+    (an exploration, a saturation, a sample's measurements), not after it. A probe file is
+    written beside it and removed, as the final write does (a new file then renamed over
+    it): a missing or read-only directory, a directory in its place and a full disk are all
+    found; a file already there is left untouched."""
+    if not str(path):  # Path("") would be the current directory
+        raise CliError(f"no file name given for {what}")
+    path = Path(path)
+    if path.is_dir():
+        raise CliError(f"cannot write {what} to {path}: it is a directory")
+    probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
+    try:
+        file = open(probe, "w")
+    except OSError as e:
+        raise CliError(f"cannot write {what} to {path} ({e.strerror})") from None
+    try:
+        with file:
+            file.write("probe")
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as e:
+        raise CliError(f"cannot write {what} to {path} ({e.strerror})") from None
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 MEMORY_HELP = ("the measuring worker's memory cap, like 8G, 512M or 50%% (of this machine's "

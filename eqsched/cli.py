@@ -40,10 +40,14 @@ from .args import (
     MEMORY_HELP,
     TARGET_HELP,
     CliError,
+    check_writable,
     max_memory_arg,
     parse_limits,
+    parse_rules,
     parse_size,
     parse_target,
+    seconds_arg,
+    seed_arg,
     timeout_arg,
 )
 from .backend import BackendError, CompileOptions
@@ -89,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--schedule", metavar="TRACE", help="a schedule trace (JSON) to replay")
     run.add_argument("--repeats", type=int, default=10, help="timed runs (default 10)")
     run.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--seed", type=seed_arg, default=0, help="seed of the random inputs")
     run.add_argument("--timeout", type=timeout_arg, default=DEFAULT_TIMEOUT_S,
                      help=f"seconds for compile, check and timing (default {DEFAULT_TIMEOUT_S:g})")
     run.add_argument("--max-memory", type=max_memory_arg, help=MEMORY_HELP)
@@ -116,7 +120,8 @@ def _parser() -> argparse.ArgumentParser:
                                         "seconds=10")
     space.add_argument("--sample", type=int, default=0, metavar="N",
                        help="draw N programs uniformly and print them with their traces")
-    space.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    space.add_argument("--seed", type=seed_arg, default=0,
+                       help="seed of --sample (default 0)")
     space.add_argument("--target", default="host",
                        help=TARGET_HELP + "; its vector width sets the vector lanes of the space "
                                           "(any target LLVM knows, runnable here or not)")
@@ -131,10 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("workload", help="a name from `eqsched workloads`")
     exp.add_argument("--size", help="comma-separated sizes (default: the workload's default)")
     exp.add_argument("--trials", type=int, default=64, help="candidates to try (default 64)")
-    exp.add_argument("--seconds", type=float, help="stop after this much wall time")
+    exp.add_argument("--seconds", type=seconds_arg, help="stop after this much wall time")
     exp.add_argument("--db", default="eqsched.db",
                      help="SQLite results database; re-runs resume from it (default eqsched.db)")
-    exp.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    exp.add_argument("--seed", type=seed_arg, default=0,
+                     help="seed of the search (default 0)")
     exp.add_argument("--cost-model", default="learned",
                      help="a registered cost model: learned (default), analytic, random")
     exp.add_argument("--rules", help="rule names or +name/-name edits of the default set")
@@ -345,12 +351,16 @@ def _cmd_space(args: argparse.Namespace) -> int:
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
     naive = naive_program(wl.build(*size))
-    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     limits = parse_limits(args.limits)
     try:
-        rules = resolve(rules)
+        rules = resolve(parse_rules(args.rules))
     except RuleError as err:
         raise CliError(str(err)) from None
+    if args.dot is not None:  # before the saturation, not after it
+        try:
+            check_writable(Path(args.dot).with_suffix(".dot"), "the graph")
+        except ValueError:  # "" and "." have no name to put .dot on
+            raise CliError(f"bad --dot {args.dot!r}: not a file name") from None
     sat = saturate(naive, rules, limits)
     started = time.perf_counter()
     space = Space(sat, lanes)
@@ -370,7 +380,10 @@ def _cmd_space(args: argparse.Namespace) -> int:
     if args.contributions:
         out["contributions"] = rule_contributions(naive, rules, limits, lanes)
     if args.dot:
-        dot_file, svg_file = write_dot(space.to_dot(), args.dot)
+        try:
+            dot_file, svg_file = write_dot(space.to_dot(), args.dot)
+        except OSError as e:
+            raise CliError(f"cannot write the graph to {args.dot} ({e.strerror})") from None
         out["dot"], out["svg"] = str(dot_file), svg_file and str(svg_file)
     # The process peak: saturation, counting and sampling together.
     out["peak_rss_mb"] = max(rep.peak_rss_mb,
@@ -447,16 +460,17 @@ def _cmd_explore(args: argparse.Namespace) -> int:
         raise CliError(f"--threads must be >= 1, got {args.threads}")
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
-    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    rules = parse_rules(args.rules)
+    limits = parse_limits(args.limits)
     settings = Settings(repeats=args.repeats, timeout_s=args.timeout, threads=args.threads,
                         max_memory=args.max_memory,
                         target=parse_target(args.target))
-    if args.save_trace:
-        _check_writable(Path(args.save_trace))
+    if args.save_trace is not None:
+        check_writable(args.save_trace, "the trace")
     try:
         result = explore(wl.name, size, trials=args.trials, seconds=args.seconds, db=args.db,
                          seed=args.seed, cost_model=args.cost_model, rules=rules,
-                         limits=parse_limits(args.limits), batch=args.batch, jobs=args.jobs,
+                         limits=limits, batch=args.batch, jobs=args.jobs,
                          settings=settings, progress=_progress_printer(sys.stderr))
     except (DatabaseError, CostModelError, RuleError, ExploreError, TooLargeError) as err:
         raise CliError(str(err)) from None
@@ -479,19 +493,6 @@ def _cmd_explore(args: argparse.Namespace) -> int:
         raise CliError(f"no correct program found in {out['trials']} trials (errors are in "
                        f"{args.db})")
     return 0
-
-
-def _check_writable(path: Path) -> None:
-    """Refuse a file that cannot be written before an exploration, not after it: opened for
-    appending (which changes nothing in a file that is there), then removed if it was not."""
-    existed = path.exists()
-    try:
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise CliError(f"cannot write the trace to {path} ({e.strerror})") from None
-    if not existed:
-        path.unlink()
 
 
 def _save_checked_trace(path: Path, trace: list[dict], wl: Workload, size: tuple[int, ...],

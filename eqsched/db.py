@@ -42,6 +42,7 @@ import json
 import operator
 import os
 import re
+import shutil
 import socket
 import sqlite3
 import threading
@@ -69,6 +70,9 @@ _APP = "eqsched"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # Long enough for another process's transaction (one insert, or one import) to finish.
 _BUSY_TIMEOUT_S = 60.0
+# Free space below which a file system counts as full: SQLite cannot even write a page of
+# its -wal and -shm files.
+_ROOM_NEEDED = 64 << 10
 
 _UNIQUE_MEASUREMENT = ("CREATE UNIQUE INDEX measurements_once ON measurements "
                        "(key, program_hash, machine_fp, target, settings)")
@@ -314,6 +318,9 @@ class Database:
             if not self.path.parent.is_dir():
                 raise DatabaseError(f"cannot create {self.path}: {self.path.parent} is not a "
                                     f"directory")
+            if not os.access(self.path.parent, os.W_OK | os.X_OK):
+                raise DatabaseError(f"cannot create {self.path}: {self.path.parent} is not "
+                                    f"writable")
             return
         try:
             with open(self.path, "rb") as f:
@@ -368,6 +375,8 @@ class Database:
             hint = "" if os.access(where, os.W_OK) else (
                 f"; {where} is not writable, and SQLite writes a WAL database's -shm file "
                 f"beside it even to read")
+            if not hint and shutil.disk_usage(where).free < _ROOM_NEEDED:
+                hint = f"; the file system of {where} is full"
             raise DatabaseError(f"{self.path}: cannot open it ({e}{hint})") from None
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
             # A damaged schema can put arbitrary bytes into SQLite's error message too.

@@ -38,6 +38,7 @@ See docs/ARCHITECTURE.md §10 Exploration.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -60,7 +61,7 @@ from .ir import Program, naive_program
 from .machine_model import machine_model
 from .runner import check_fits_in_memory
 from .schedule import Schedule, ScheduleError
-from .trials import Measurer, Settings, TimingGate, Trial, has_parallel_loops
+from .trials import Measurer, Settings, TimingGate, Trial, check_seed, has_parallel_loops
 from .workloads import get_workload
 
 if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not on import
@@ -153,6 +154,17 @@ class ExploreResult:
 Progress = Callable[[str, dict[str, Any]], None]
 
 
+def check_seconds(seconds: Any) -> float:
+    """`seconds` as a float when it is a usable wall-time budget (more than 0, finite);
+    otherwise a ValueError that names it. A budget of 0 or less would saturate the space only
+    to measure nothing; nan would never end the run."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise ValueError(f"seconds must be a number of seconds, got {seconds!r}")
+    if not 0 < seconds < math.inf:  # also refuses nan
+        raise ValueError(f"seconds must be more than 0 and finite, got {seconds!r}")
+    return float(seconds)
+
+
 def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int = 64,
             seconds: float | None = None, db: str | Path | Database = DEFAULT_DB, seed: int = 0,
             cost_model: str | CostModel = "learned", rules: RuleSpec = None,
@@ -165,9 +177,11 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     given, replaces `settings.target` ("host", "host,-avx512f", "haswell", a Target)."""
     from .rules import resolve
 
-    budget = _Budget(trials, seconds, batch, started=time.perf_counter())
+    budget = _Budget(trials, None if seconds is None else check_seconds(seconds), batch,
+                     started=time.perf_counter())
     if trials < 1 or batch < 1 or jobs < 1:
         raise ValueError(f"trials, batch and jobs must be >= 1, got {trials}, {batch}, {jobs}")
+    check_seed(seed)
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
     settings = settings or Settings()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,6 +62,23 @@ PRIMITIVES: dict[str, tuple[str, ...]] = {
     "pack": ("block", "buffer", "dim", "factor"),
 }
 TRACE_VERSION = 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each argument of a trace step must be, checked before any step runs: a string where a
+# list belongs would otherwise be read as its characters ("C.i" as loops "C", ".", "i").
+_ARGUMENTS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    **{name: ("a name (a string)", lambda v: isinstance(v, str))
+       for name in ("loop", "block", "at", "buffer")},
+    "loops": ("a list of loop names", lambda v: isinstance(v, list)
+              and all(isinstance(x, str) for x in v)),
+    "factors": ("a list of integers", lambda v: isinstance(v, list) and all(map(_is_int, v))),
+    "dim": ("an integer", _is_int),
+    "factor": ("an integer", _is_int),
+}
 
 
 class Schedule:
@@ -588,8 +606,14 @@ def save_trace(path: str | Path, steps: list[dict], workload: str | None = None,
 def load_trace(path: str | Path) -> tuple[list[dict], dict]:
     """Read a trace file: (steps, meta) with meta = {"workload", "size", "version"}."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ScheduleError(f"trace {path}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ScheduleError(f"trace {path}: cannot read it as JSON (not UTF-8 text)") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
         raise ScheduleError(f"trace {path}: cannot read it as JSON ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list):
         raise ScheduleError(f"trace {path}: expected an object with a list of steps")
@@ -600,6 +624,12 @@ def load_trace(path: str | Path) -> tuple[list[dict], dict]:
         steps = _validated_steps(doc["steps"])
     except ScheduleError as e:
         raise ScheduleError(f"trace {path}: {e}") from None
+    if doc.get("workload") is not None and not isinstance(doc["workload"], str):
+        raise ScheduleError(f"trace {path}: workload must be a workload name, got "
+                            f"{doc['workload']!r}")
+    if doc.get("size") is not None and not isinstance(doc["size"], list):
+        raise ScheduleError(f"trace {path}: size must be a list of integers, got "
+                            f"{doc['size']!r}")
     meta = {"workload": doc.get("workload"), "size": doc.get("size"), "version": doc["version"]}
     return steps, meta
 
@@ -609,10 +639,15 @@ def _validated_steps(steps: list) -> list[dict]:
         if not isinstance(step, dict) or set(step) != {"op", "args"}:
             raise ScheduleError(f"step {n} is not an object with exactly 'op' and 'args'")
         op, args = step["op"], step["args"]
-        if op not in PRIMITIVES:
+        if not isinstance(op, str) or op not in PRIMITIVES:
             raise ScheduleError(f"step {n}: unknown primitive {op!r}")
         if not isinstance(args, dict) or set(args) != set(PRIMITIVES[op]):
             raise ScheduleError(f"step {n} ({op}): args must be exactly {list(PRIMITIVES[op])}")
+        for name in PRIMITIVES[op]:
+            kind, fits = _ARGUMENTS[name]
+            if not fits(args[name]):
+                raise ScheduleError(f"step {n} ({op}): {name} must be {kind}, got "
+                                    f"{args[name]!r}")
     return list(steps)
 
 

@@ -43,6 +43,19 @@ if TYPE_CHECKING:
 
 
 BUSY_FOR_GOOD = 3
+# Seeds are stored as SQLite integers (signed 64-bit); a negative one would be refused by numpy
+# (input seeds) and read as its absolute value by `random.Random` (search seeds): -1 would
+# repeat seed 1.
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: Any, what: str = "seed") -> int:
+    """`seed` when it is an integer from 0 to MAX_SEED; otherwise a ValueError naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{what} must be an integer, got {seed!r}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{what} must be from 0 to 2**63 - 1, got {seed}")
+    return seed
 
 
 @dataclass
@@ -76,6 +89,7 @@ class Settings:
         # are a timeout or memory cap the worker cannot use (ValueError).
         self.target = Target.parse(self.target).spec
         self.timeout_s = check_timeout(self.timeout_s)
+        check_seed(self.input_seed, "input seed")
         if self.max_memory is not None:
             check_max_memory(self.max_memory)
         if self.contended_cores is not None and not self.contended_cores > 0:

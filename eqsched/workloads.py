@@ -58,6 +58,9 @@ class Workload:
 
     def check_size(self, size: Sequence[object]) -> tuple[int, ...]:
         """The size as a tuple of ints; WorkloadError names the first bad value."""
+        if isinstance(size, (str, bytes, Mapping)) or not isinstance(size, Sequence):
+            raise WorkloadError(f"{self.name}: a size is a list of {len(self.params)} integers "
+                                f"({','.join(self.params)}), got {size!r}")
         if len(size) != len(self.params):
             raise WorkloadError(
                 f"{self.name} takes {len(self.params)} sizes ({','.join(self.params)}), "

@@ -65,6 +65,22 @@ seed = [0, 1]
      "'nosuch' is not an x86 feature"),
     ('[[explore]]\nworkload = "matmul"\nmax_memory = "lots"', "max memory must be a size"),
     ('[defaults]\nmax_memory = 1024\n[[explore]]\nworkload = "matmul"', "at least 256 MiB"),
+    # the sections themselves of the wrong kind
+    ('[explore]\nworkload = "matmul"', "explore must be [[explore]] tables, each with a "
+                                       "workload, got a table ([name], not [[name]])"),
+    ('explore = ["matmul"]', "got an array holding a string"),
+    ('defaults = [1]\n[[explore]]\nworkload = "matmul"', "defaults must be a table"),
+    ('[[defaults]]\ntrials = 2\n[[explore]]\nworkload = "matmul"', "defaults must be a table"),
+    # a list crossed with the rest would leave no exploration: the batch ran nothing
+    ('[[explore]]\nworkload = "matmul"\nseed = []', "seed = [] lists no value"),
+    ('[defaults]\ncost_model = []\n[[explore]]\nworkload = "matmul"', "cost_model = [] lists"),
+    ('[[explore]]\nworkload = "matmul"\nsizes = []', "sizes = [] lists no size"),
+    ('[[explore]]\nworkload = "matmul"\nseed = -1', "seed must be from 0 to 2**63 - 1"),
+    # a time budget of 0 or less, nan or inf saturated a space to measure nothing, or forever
+    *((f'[[explore]]\nworkload = "matmul"\nseconds = {v}', "seconds must be more than 0 and "
+        "finite") for v in ("0", "-1.5", "nan", "inf", "[10, 0]")),
+    ('[[explore]]\nworkload = "matmul"\nsizes = [[8, 8, 8]]\nsize = [8, 8, 8]',
+     "give sizes or size, not both"),
 ])
 def test_a_malformed_suite_is_refused_before_anything_runs(text, message):
     with pytest.raises(BatchError, match="suite.toml") as err:

@@ -168,7 +168,7 @@ def test_a_bad_target_is_a_one_line_error_before_anything_is_done(tmp_path, comm
 
 
 BAD_LIMITS = [
-    ("--timeout", "inf", "timeout must be more than 0 and at most 86400 seconds, got inf"),
+    ("--timeout", "inf", "timeout must be more than 0 and at most 86400 seconds, got 'inf'"),
     ("--timeout", "nan", "timeout must be more than 0"),
     ("--timeout", "0", "timeout must be more than 0"),
     ("--max-memory", "1K", "max memory must be at least 256 MiB"),

@@ -128,6 +128,42 @@ def test_an_unwritable_trace_file_is_refused_before_exploring(tmp_path):
     assert not db.exists()  # nothing was explored
 
 
+@pytest.mark.parametrize("how", ["read-only", "full"])
+def test_a_trace_file_that_could_not_be_written_is_refused_before_exploring(tmp_path, how):
+    """A file opened for appending is not enough: the trace is written beside its place and
+    renamed, which a read-only directory refuses, and a full disk refuses its first bytes."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "best.json").write_text("kept")
+    prefix, limit = _without_writing(out, how)
+    db = tmp_path / "x.db"
+    try:
+        proc = subprocess.run([*prefix, sys.executable, "-m", "eqsched", "explore", *SMALL,
+                               "--trials", "4", "--db", str(db), "--save-trace",
+                               str(out / "best.json")], capture_output=True, text=True,
+                              env=ENV, timeout=300, preexec_fn=limit)
+    finally:
+        out.chmod(0o755)
+    assert_one_line_error(proc, f"cannot write the trace to {out / 'best.json'}")
+    assert not db.exists() and (out / "best.json").read_text() == "kept"
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--seconds", "0", "seconds must be more than 0 and finite, got '0'"),
+    ("--seconds", "nan", "got 'nan'"),
+    ("--seed", "-1", "seed must be from 0 to 2**63 - 1, got -1"),
+    ("--rules", ",", "names no rule"),
+    ("--limits", "iterations=0", "iterations must be an integer >= 1"),
+    ("--save-trace", "", "no file name given for the trace"),
+])
+def test_a_bad_budget_seed_or_spec_is_refused_before_exploring(tmp_path, option, value,
+                                                              message):
+    db = tmp_path / "x.db"
+    proc = explore_cmd(*SMALL, "--trials", "4", "--db", str(db), f"{option}={value}")
+    assert_one_line_error(proc, message)
+    assert not db.exists()
+
+
 def _explore_in_background(db, trials):
     """An exploration in its own session (so that the test can end every process it leaves)."""
     return subprocess.Popen([sys.executable, "-m", "eqsched", "explore", *SMALL, "--trials",

@@ -83,3 +83,28 @@ def test_errors_are_one_line():
     assert_one_line_error(space_cmd("matmul", "--limits", "nodes=5"), "bad --limits item")
     assert_one_line_error(space_cmd("matmul", "--rules=-nosuchrule"), "nosuchrule")
     assert_one_line_error(space_cmd("nosuchworkload"), "nosuchworkload")
+
+
+def test_a_graph_file_that_could_not_be_written_is_refused_before_saturating(tmp_path,
+                                                                              monkeypatch,
+                                                                              capsys):
+    import eqsched.egraph.saturate
+    from eqsched.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("saturated before the graph file was checked")
+
+    monkeypatch.setattr(eqsched.egraph.saturate, "saturate", never)
+    assert main(["space", "matmul", "--size", "8,8,8", "--dot",
+                 str(tmp_path / "no dir" / "space.svg")]) == 2
+    assert capsys.readouterr().err == (f"eqsched: error: cannot write the graph to "
+                                       f"{tmp_path / 'no dir' / 'space.dot'} (No such file or "
+                                       f"directory)\n")
+    assert main(["space", "matmul", "--dot", "."]) == 2
+    assert "bad --dot '.': not a file name" in capsys.readouterr().err
+
+
+def test_a_seed_or_rules_spec_that_cannot_be_one_is_refused():
+    assert_one_line_error(space_cmd("matmul", "--seed", "-3", "--sample", "1"),
+                          "seed must be from 0 to 2**63 - 1, got -3")
+    assert_one_line_error(space_cmd("matmul", "--rules", ","), "names no rule")

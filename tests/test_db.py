@@ -365,6 +365,20 @@ def test_a_directory_or_a_missing_directory_is_refused(tmp_path):
         Database(tmp_path / "nowhere" / "results.db")
 
 
+def test_a_new_database_in_a_directory_that_cannot_be_written_is_refused(tmp_path,
+                                                                          monkeypatch):
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    real_access = os.access
+    # Root writes past file modes: the directory is shown as unwritable to this process.
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == closed
+                        else real_access(path, mode))
+    with pytest.raises(DatabaseError, match=f"cannot create {closed / 'x.db'}: {closed} is "
+                                            f"not writable"):
+        Database(closed / "x.db")
+    assert list(closed.iterdir()) == []
+
+
 def test_an_empty_file_becomes_a_database(tmp_path):
     path = tmp_path / "results.db"
     path.touch()

@@ -38,3 +38,11 @@ def test_cli_errors_are_one_line(argv, message, capsys):
     assert main(["experiment", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("eqsched: error: ") and message in err and "\n" not in err
+
+
+def test_a_plot_that_could_not_be_written_is_refused_before_measuring(tmp_path, capsys):
+    assert main(["experiment", "distribution", "matmul", "--size", "8,8,8", "--samples", "2",
+                 "--plot", str(tmp_path / "no dir" / "h.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"eqsched: error: cannot write the plot to {tmp_path / 'no dir'}")
+    assert "drawing" not in err  # nothing was measured

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -10,7 +11,13 @@ from eqsched import machine
 from eqsched.backend import CompileOptions, Target, TargetError, compile_program
 from eqsched.backend import target as target_module
 from eqsched.db import Database
-from eqsched.explore import ExploreError, Settings, explore, search_beside_measuring
+from eqsched.explore import (
+    ExploreError,
+    Settings,
+    check_seconds,
+    explore,
+    search_beside_measuring,
+)
 from eqsched.ir import naive_program
 from eqsched.machine_model import machine_model
 from eqsched.schedule import Schedule
@@ -223,9 +230,16 @@ def test_a_wrong_program_is_never_the_best(tmp_path, monkeypatch):
         assert result.best.correct and int(result.best.program_hash, 16) % 2 == 0
 
 
-def test_bad_arguments_are_refused():
+def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="trials"):
         explore("matmul", SIZE, trials=0)
+    for seconds in (0, -1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="seconds must be more than 0 and finite"):
+            explore("matmul", SIZE, seconds=seconds, db=tmp_path / "x.db")
+    with pytest.raises(ValueError, match="seed must be from 0"):
+        explore("matmul", SIZE, seed=-1, db=tmp_path / "x.db")
+    assert not (tmp_path / "x.db").exists()  # refused before the database was opened
+    assert check_seconds(2) == 2.0
 
 
 AVX2 = "host,-avx512f"

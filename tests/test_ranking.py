@@ -152,3 +152,24 @@ def test_cli_curves_read_the_database_only(tmp_path, capsys):
     assert "no size of matmul" in capsys.readouterr().err
     assert main(["experiment", "ranking", "matmul", "--curves"]) == 2
     assert "name a database" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--folds", "1"], "--folds must be >= 2, got 1"),
+    (["--plot", "c.png"], "--plot draws the learning curves: it needs --curves"),
+    (["--curves", "--test-share", "1.5"], "--test-share must be between 0 and 1, got 1.5"),
+    (["--curves"], "missing.db does not exist"),
+    (["--curves", "--plot", "{tmp}/no dir/c.png"], "cannot write the plot"),
+])
+def test_cli_ranking_refuses_before_reading_or_measuring(tmp_path, capsys, argv, message):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    db = tmp_path / "missing.db"
+    if "--plot" in argv and "--curves" in argv:
+        from eqsched.db import Database
+
+        Database(db).close()
+    assert main(["experiment", "ranking", "matmul", "--db", str(db), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eqsched: error: ") and message in err and "\n" not in err
+    assert "drawing" not in err  # nothing was measured
+    assert db.exists() == ("--plot" in argv and "--curves" in argv)  # no database was created

@@ -89,3 +89,11 @@ def test_unknown_rules_and_analysis_rules_are_refused():
     done = subprocess.run([sys.executable, "-m", "eqsched", "rules", "check", "nope"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
+
+
+def test_a_rule_module_that_is_not_python_is_refused(tmp_path):
+    (tmp_path / "rules.txt").write_text("not python\n")
+    with pytest.raises(RuleError, match=r"rule module .*rules.txt is not a Python file \(.py\)"):
+        load_module(str(tmp_path / "rules.txt"))
+    with pytest.raises(RuleError, match="no rule module"):
+        load_module(str(tmp_path))

@@ -63,6 +63,19 @@ def test_time_limit_stops_after_one_iteration():
     assert (report.stop_reason, report.iterations) == ("time_limit", 1)
 
 
+@pytest.mark.parametrize("limits, message", [
+    ({"iterations": 0}, "iterations must be an integer >= 1, got 0"),
+    ({"enodes": -5}, "enodes must be an integer >= 1"),
+    ({"iterations": 2.5}, "iterations must be an integer"),
+    ({"seconds": -1}, "seconds must be a finite number >= 0"),
+    ({"seconds": float("nan")}, "seconds must be a finite number >= 0"),
+    ({"seconds": float("inf")}, "seconds must be a finite number >= 0"),
+])
+def test_limits_that_cannot_stop_a_saturation_are_refused(limits, message):
+    with pytest.raises(ValueError, match=message):
+        Limits(**limits)
+
+
 def test_node_limit_rolls_back_the_overshooting_iteration():
     full = saturate(naive("matmul"), default_rules()).report.enodes
     limit = full // 2

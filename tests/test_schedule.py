@@ -461,3 +461,44 @@ def test_malformed_traces_are_rejected_with_the_problem(tmp_path):
     _, sch = build("matmul", 16, 24, 8)
     with pytest.raises(ScheduleError, match=r"trace step 0 \(split\): split of C.i"):
         Schedule.replay(sch.program, [{"op": "split", "args": {"loop": "C.i", "factors": [5]}}])
+
+
+def _step(op: str, **args: object) -> dict:
+    return {"version": 1, "workload": "matmul", "steps": [{"op": op, "args": args}]}
+
+
+@pytest.mark.parametrize("doc, message", [
+    # A string where a list belongs was once read as its characters ("C", ".", "i").
+    (_step("reorder", loops="C.i"), r"step 0 \(reorder\): loops must be a list of loop names, "
+                                    r"got 'C.i'"),
+    (_step("reorder", loops=[["C.i"], "C.j"]), "loops must be a list of loop names"),
+    (_step("vectorize", loop=["C.j"]), r"loop must be a name \(a string\), got \['C.j'\]"),
+    (_step("unroll", loop=None), "loop must be a name"),
+    (_step("cache_write", block="C.update", at=["C.i"]), "at must be a name"),
+    (_step("pack", block="C.update", buffer=["B"], dim=1, factor=4), "buffer must be a name"),
+    (_step("pack", block="C.update", buffer="B", dim="1", factor=4),
+     "dim must be an integer, got '1'"),
+    (_step("pack", block="C.update", buffer="B", dim=1, factor=4.5),
+     "factor must be an integer, got 4.5"),
+    (_step("split", loop="C.i", factors=16), "factors must be a list of integers, got 16"),
+    (_step("split", loop="C.i", factors=[True, 16]), "factors must be a list of integers"),
+    ({"version": 1, "steps": [{"op": ["split"], "args": {}}]}, r"unknown primitive \['split'\]"),
+    ({"version": 1, "workload": 5, "steps": []}, "workload must be a workload name, got 5"),
+    ({"version": 1, "size": "16", "steps": []}, "size must be a list of integers, got '16'"),
+])
+def test_a_trace_with_arguments_of_the_wrong_type_is_refused_before_any_step(tmp_path, doc,
+                                                                             message):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ScheduleError, match=message):
+        load_trace(path)
+
+
+def test_a_trace_that_cannot_be_read_says_why(tmp_path):
+    with pytest.raises(ScheduleError, match=r"cannot read it \(No such file or directory\)"):
+        load_trace(tmp_path / "missing.json")
+    with pytest.raises(ScheduleError, match=r"cannot read it \(Is a directory\)"):
+        load_trace(tmp_path)
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ScheduleError, match=r"not UTF-8 text"):
+        load_trace(tmp_path / "binary.json")

@@ -17,7 +17,7 @@ from eqsched.ir import naive_program
 from eqsched.rules import default_rules
 from eqsched.runner import Measurement
 from eqsched.schedule import Schedule
-from eqsched.trials import Measurer, Settings, TimingGate, measurement_key
+from eqsched.trials import MAX_SEED, Measurer, Settings, TimingGate, check_seed, measurement_key
 from eqsched.workloads import get_workload
 
 SIZE = [16, 32, 8]
@@ -97,6 +97,18 @@ def test_a_timeout_or_memory_cap_the_worker_cannot_use_is_refused_by_the_setting
     with pytest.raises(ValueError, match="max memory must be at least"):
         Settings(max_memory=1 << 20)
     assert Settings(max_memory=1 << 30).max_memory == 1 << 30
+
+
+def test_a_seed_is_from_0_to_what_the_database_stores():
+    """A negative seed would be refused by numpy late, in the worker, and `random.Random(-1)`
+    would repeat seed 1; past 2**63 - 1 SQLite cannot store it."""
+    assert check_seed(0) == 0 and check_seed(MAX_SEED) == 2**63 - 1
+    for bad, message in ((-1, "from 0 to 2\\*\\*63 - 1, got -1"), (2**63, "from 0"),
+                         (1.0, "an integer"), (True, "an integer")):
+        with pytest.raises(ValueError, match=message):
+            check_seed(bad)
+    with pytest.raises(ValueError, match="input seed must be from 0"):
+        Settings(input_seed=-1)
 
 
 def test_a_candidate_whose_trace_cannot_be_derived_is_recorded_as_an_error(db, naive, candidate,

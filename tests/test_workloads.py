@@ -64,6 +64,13 @@ def test_bad_sizes_are_rejected_with_the_parameter_named(size, message):
         get_workload("matmul").build(*size)
 
 
+@pytest.mark.parametrize("size", ["16", 16, {"M": 16}, None])
+def test_a_size_that_is_not_a_list_is_refused_as_such(size):
+    """A trace's `"size": "16"` was once read as the two sizes "1" and "6"."""
+    with pytest.raises(WorkloadError, match="a size is a list of 3 integers"):
+        get_workload("matmul").check_size(size)
+
+
 def test_conv2d_pad_may_be_zero_but_not_negative():
     wl = get_workload("conv2d_nchw")
     wl.build(1, 1, 4, 4, 1, 3, 3, 1, 0)

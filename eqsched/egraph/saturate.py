@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import resource
 import time
@@ -81,9 +82,22 @@ Phase = tuple[str, Sequence[RewriteRule]]  # a name and the rules run to their f
 
 @dataclass(frozen=True)
 class Limits:
+    """When saturation stops: after `iterations`, past `enodes` or after `seconds` (checked
+    after each iteration, so 0 runs one). A ValueError names a limit that cannot be one."""
+
     iterations: int = 100
     enodes: int = 1_000_000  # rows of all egglog tables: program nodes and analysis facts
     seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "enodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        seconds = self.seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                or not 0 <= seconds < math.inf:  # also refuses nan
+            raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
 
 
 @dataclass

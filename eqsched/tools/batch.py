@@ -116,9 +116,19 @@ class Suite:
         if unknown:
             raise BatchError(f"{where}: unknown section {sorted(unknown)[0]!r} (use [defaults] "
                              f"and [[explore]])")
-        defaults = _config(data.get("defaults", {}), f"{where} [defaults]")
+        defaults = data.get("defaults", {})
+        if not isinstance(defaults, dict):
+            raise BatchError(f"{where}: defaults must be a table ([defaults] with key = value "
+                             f"lines), got {_toml_kind(defaults)}")
+        defaults = _config(defaults, f"{where} [defaults]")
         entries = data.get("explore", [])
-        if not isinstance(entries, list) or not entries:
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            what = _toml_kind(entries) if not isinstance(entries, list) else \
+                "an array holding " + " and ".join(sorted({_toml_kind(e) for e in entries
+                                                           if not isinstance(e, dict)}))
+            raise BatchError(f"{where}: explore must be [[explore]] tables, each with a "
+                             f"workload, got {what}")
+        if not entries:
             raise BatchError(f"{where}: no [[explore]] entries")
         jobs: list[Job] = []
         for n, entry in enumerate(entries, 1):
@@ -131,7 +141,11 @@ class Suite:
                 wl = get_workload(name)
             except Exception as e:
                 raise BatchError(f"{at}: {e}") from None
+            if "sizes" in entry and "size" in entry:
+                raise BatchError(f"{at}: give sizes or size, not both")
             sizes = entry.pop("sizes", entry.pop("size", "default"))
+            if sizes == []:
+                raise BatchError(f"{at}: sizes = [] lists no size")
             sizes = sizes if isinstance(sizes, list) and sizes and isinstance(
                 sizes[0], (list, str)) else [sizes]
             resolved = [_size(wl, s, at) for s in sizes]
@@ -153,6 +167,13 @@ class Suite:
         return cls(where, jobs)
 
 
+def _toml_kind(value: Any) -> str:
+    """What a TOML value is, in TOML's words."""
+    kinds = ((bool, "a boolean"), (dict, "a table ([name], not [[name]])"), (list, "an array"),
+             (str, "a string"), (int, "an integer"), (float, "a float"))
+    return next((word for kind, word in kinds if isinstance(value, kind)), "a date or time")
+
+
 def _size(wl: Any, spec: Any, at: str) -> tuple[int, ...]:
     if spec in ("small", "default"):
         return wl.small_size if spec == "small" else wl.default_size
@@ -167,19 +188,30 @@ def _size(wl: Any, spec: Any, at: str) -> tuple[int, ...]:
 
 def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
     from ..backend import Target, TargetError
+    from ..explore import check_seconds
     from ..extract import COST_MODELS
     from ..rules import resolve
+    from ..trials import check_seed
 
     out = {}
     for key, value in table.items():
         if key not in CONFIG_KEYS:
             raise BatchError(f"{at}: unknown key {key!r} (keys: {', '.join(CONFIG_KEYS)})")
         values = value if isinstance(value, list) else [value]
+        if not values:  # crossed with the other keys, it would leave no exploration at all
+            raise BatchError(f"{at}: {key} = [] lists no value")
         for v in values:
             kind = CONFIG_KEYS[key]
             if isinstance(v, bool) or not isinstance(v, kind):
                 raise BatchError(f"{at}: {key} = {v!r} has the wrong type")
-            if kind is int and v < (0 if key == "seed" else 1):
+            try:
+                if key == "seed":
+                    check_seed(v)
+                elif key == "seconds":
+                    check_seconds(v)
+            except ValueError as e:
+                raise BatchError(f"{at}: {e}") from None
+            if kind is int and key != "seed" and v < 1:
                 raise BatchError(f"{at}: {key} = {v} must be positive")
             if key == "cost_model" and v not in COST_MODELS:
                 raise BatchError(f"{at}: unknown cost model {v!r} (known: "
@@ -601,6 +633,8 @@ def add_parser(sub: Any) -> None:
 def _cmd_batch(args: Any) -> int:
     from ..db import DatabaseError
 
+    if args.jobs < 1:
+        raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     try:
         suite = Suite.load(args.suite, args.target, args.max_memory)
         print(f"eqsched: {len(suite.jobs)} explorations from {args.suite}", file=sys.stderr)

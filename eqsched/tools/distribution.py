@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..args import CliError, parse_target
+from ..args import CliError, check_writable, parse_target
 from ..db import Database
 from ..egraph.derive import DeriveError, derive, realize
 from ..egraph.saturate import Limits, saturate
@@ -306,9 +306,14 @@ def _cmd_dist(args: Any) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise CliError("--plot needs matplotlib: pip install 'eqsched[report]'") from None
+    if args.plot is not None:  # before the sample is measured, not after
+        check_writable(args.plot, "the plot")
     dist = measure_from_args(args)
     if args.plot and dist.gflops:
-        dist.plot(args.plot, bins=args.bins)
+        try:
+            dist.plot(args.plot, bins=args.bins)
+        except OSError as e:
+            raise CliError(f"cannot write the plot to {args.plot} ({e.strerror})") from None
     out = dist.to_json()
     if args.json:
         out["histogram"] = dist.histogram(args.bins).splitlines()

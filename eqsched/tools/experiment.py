@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from ..args import TARGET_HELP, CliError, parse_limits, parse_size
+from ..args import TARGET_HELP, CliError, parse_limits, parse_size, seed_arg
 from ..egraph.saturate import Limits
 from ..workloads import get_workload
 
@@ -35,7 +35,7 @@ def common_arguments(p: Any) -> None:
     """The arguments of every experiment: the problem, the seed of the draws, --json."""
     p.add_argument("workload", help="a name from `eqsched workloads`")
     p.add_argument("--size", help="comma-separated sizes (default: the workload's default)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the uniform draws")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the uniform draws")
     p.add_argument("--limits", help="saturation limits, like iterations=20,seconds=10")
     p.add_argument("--target", default="host",
                    help=TARGET_HELP + "; its vector width sets the vector lanes of the space")

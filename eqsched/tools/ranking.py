@@ -27,11 +27,12 @@ import copy
 import math
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..args import CliError, parse_target
+from ..args import CliError, check_writable, parse_target
 from ..backend import Target
 from ..extract import cost_model_for
 from ..ir import Program
@@ -282,10 +283,13 @@ def _cmd_ranking(args: Any) -> int:
 
     from ..extract.cost import CostModelError
 
-    at_least_one(args, "folds")
+    if args.folds < 2:  # cross-validation holds out one fold and learns from the others
+        raise CliError(f"--folds must be >= 2, got {args.folds}")
     target = parse_target(args.target)  # before a model calibrates anything
     if args.curves:
         return _cmd_curves(args, target)
+    if args.plot is not None:
+        raise CliError("--plot draws the learning curves: it needs --curves")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     try:
         for m in models:
@@ -333,10 +337,16 @@ def _cmd_curves(args: Any, target: Target) -> int:
         raise CliError(f"--counts must be comma-separated integers, got {args.counts!r}") from None
     if not counts or min(counts) < 1:
         raise CliError(f"--counts must name positive counts, got {args.counts!r}")
+    if not 0 < args.test_share < 1:  # before the stored traces are replayed (seconds each 100)
+        raise CliError(f"--test-share must be between 0 and 1, got {args.test_share}")
     workload, _, _ = problem(args)
+    if args.plot is not None:  # before the curves are computed, not after
+        check_writable(args.plot, "the plot")
     prior = cost_model_for("analytic", args.threads, target)
     try:
-        with Database(args.db) as db:
+        # Read, not created: a mistyped name is refused (writable when it exists, to cache the
+        # replayed traces' inputs).
+        with Database(args.db, readonly=not Path(args.db).exists()) as db:
             rows, skipped = history(db, prior, hardware_of(prior), threads=args.threads,
                                     target=target.spec)
     except DatabaseError as err:
@@ -354,5 +364,7 @@ def _cmd_curves(args: Any, target: Target) -> int:
             plot_curves(curves, args.plot)
         except ReportError as err:
             raise CliError(str(err)) from None
+        except OSError as e:
+            raise CliError(f"cannot write the plot to {args.plot} ({e.strerror})") from None
     print(json.dumps(curves) if args.json else curves_table(curves))
     return 0

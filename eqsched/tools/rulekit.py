@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..args import TARGET_HELP, CliError, parse_target
+from ..args import TARGET_HELP, CliError, parse_target, seed_arg
 from ..backend import CompileOptions, Target
 from ..egraph.derive import build_unchecked
 from ..egraph.encode import encode
@@ -348,6 +348,8 @@ def load_module(path: str) -> None:
     if not file.is_file():
         raise RuleError(f"no rule module {path}")
     spec = importlib.util.spec_from_file_location(f"eqsched_user_rules_{file.stem}", file)
+    if spec is None or spec.loader is None:  # not named .py: no loader knows it
+        raise RuleError(f"rule module {path} is not a Python file (.py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
@@ -381,7 +383,7 @@ def add_parser(sub: Any) -> None:
                     help="a Python file defining the rule with @register")
     ck.add_argument("--workloads", help="comma-separated (default: every built-in workload)")
     ck.add_argument("--programs", type=int, default=6, help="programs drawn per workload")
-    ck.add_argument("--seed", type=int, default=0)
+    ck.add_argument("--seed", type=seed_arg, default=0)
     ck.add_argument("--trials", type=int, default=8, help="exploration trials each way")
     ck.add_argument("--no-measure", action="store_true", help="skip the exploration")
     ck.add_argument("--target", default="host", help=TARGET_HELP)
