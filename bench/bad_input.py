@@ -30,6 +30,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ class Row:
     line: str  # the error line: the first `eqsched: error` line of stderr, else its first line
     traceback: bool
     internal: bool
+    seconds: float = 0.0  # the command's wall time
 
     @property
     def ran(self) -> bool:
@@ -492,16 +494,20 @@ def run_case(case: Case, timeout_s: float = CASE_TIMEOUT_S) -> Row:
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [
                    os.environ.get("PYTHONPATH")])])}
+        started = time.perf_counter()
         try:
             done = subprocess.run([sys.executable, "-m", "eqsched", *case.argv], cwd=work,
                                   env=env, capture_output=True, text=True, timeout=timeout_s,
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
-            return Row(case, "timeout", _first_error(stderr), "Traceback" in stderr, False)
+            return Row(case, "timeout", _first_error(stderr), "Traceback" in stderr, False,
+                       timeout_s)
+        seconds = time.perf_counter() - started
     output = done.stdout + done.stderr
     return Row(case, done.returncode, _first_error(done.stderr),
-               "Traceback (most recent call last)" in output, "internal error" in output)
+               "Traceback (most recent call last)" in output, "internal error" in output,
+               seconds)
 
 
 def _cell(text: str) -> str:
@@ -529,10 +535,12 @@ def summary(rows: Sequence[Row]) -> str:
     unexpected = sum(not r.as_expected for r in rows)
     timeouts = sum(r.status == "timeout" for r in rows)
     skipped = len(rows) - len(ran) - timeouts
+    slowest = max(ran, key=lambda r: r.seconds, default=None)
     return (f"tracebacks: {tracebacks}, internal errors: {internal}, exit 0 on bad input: "
             f"{exit0}; not refused as expected (status other than {USAGE_ERROR}, or a line not "
-            f"naming the problem): {unexpected}, timed out: {timeouts}; {len(ran)} cases ran, "
-            f"{skipped} skipped")
+            f"naming the problem): {unexpected}, timed out: {timeouts}; {len(ran)} cases ran"
+            + (f" (the slowest in {slowest.seconds:.1f} s: {slowest.case.name})"
+               if slowest else "") + f", {skipped} skipped")
 
 
 def failed(rows: Sequence[Row]) -> bool:
