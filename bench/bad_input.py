@@ -239,6 +239,8 @@ CASES: list[Case] = [
     _explore("explore --max-memory lots", "--max-memory", "lots", "a size like 8G"),
     _explore("explore --max-memory 1K", "--max-memory", "1K", "at least 256 MiB"),
     _explore("explore --max-memory 200%", "--max-memory", "200%", "from 0 to 100"),
+    Case("run --max-memory 99999999999999T", (*RUN, "--max-memory", "99999999999999T"),
+         "at most 1 EiB"),
     _explore("explore --target z80", "--target", "z80", "bad --target"),
     _explore("explore --target host,+nosuch", "--target", "host,+nosuch", "nosuch"),
     _explore("explore --cost-model best", "--cost-model", "best", "unknown cost model 'best'"),

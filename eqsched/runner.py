@@ -52,6 +52,8 @@ from .te import Computation
 DEFAULT_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 86400.0  # a day: past it a timeout is a typo (and inf overflows the pipe's poll)
 MIN_MAX_MEMORY = 256 << 20  # an idle worker (interpreter, numpy, LLVM) holds about 100 MiB
+# Past it a cap is a typo, and past 8 EiB setrlimit overflows (in the worker, after compiling).
+MAX_MAX_MEMORY = 1 << 60
 # Why a measurement has no valid result. A transient failure (timed out, the worker died or was
 # killed, out of memory) says nothing about the program and is worth measuring again; a
 # deterministic one (compile error, wrong result, a crashing kernel) would fail the same way.
@@ -173,6 +175,8 @@ def check_max_memory(max_memory: Any) -> int:
     """`max_memory` (bytes) when it is a usable memory cap for a worker; else a ValueError."""
     if isinstance(max_memory, bool) or not isinstance(max_memory, int):
         raise ValueError(f"max memory must be a number of bytes, got {max_memory!r}")
+    if max_memory > MAX_MAX_MEMORY:
+        raise ValueError(f"max memory must be at most 1 EiB, got {max_memory} bytes")
     if max_memory < MIN_MAX_MEMORY:
         raise ValueError(f"max memory must be at least {MIN_MAX_MEMORY >> 20} MiB (an idle "
                          f"worker holds about 100 MiB), got {max_memory} bytes")

@@ -38,6 +38,7 @@ def test_a_memory_cap_can_be_a_share_of_this_machine():
     ("lots", "a size like 8G"), ("8X", "a size like 8G"), ("-1G", "a size like 8G"),
     ("0", "at least 256 MiB"), ("1K", "at least 256 MiB"), ("200%", "from 0 to 100"),
     ("0%", "from 0 to 100"), (True, "a size like 8G"),
+    ("99999999999999T", "at most 1 EiB"),  # setrlimit overflowed, in the worker
 ])
 def test_a_bad_memory_cap_is_refused_with_what_was_given(text, message):
     with pytest.raises(ValueError, match=message):

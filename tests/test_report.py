@@ -93,3 +93,16 @@ def test_figures_of_an_exploration_with_nothing_measured_warn_nothing(tmp_path):
                  plot_predictions(plt, empty.key, [empty], tmp_path / "predicted.png"),
                  plot_standing(plt, [empty], {}, tmp_path / "standing.png")]
     assert all(f.read_bytes().startswith(PNG) for f in files)
+
+
+def test_a_report_that_could_not_be_written_is_refused_before_it_is_built(db, tmp_path):
+    """Its page cannot be written (here a directory holds its name): refused in one line
+    before numpy is timed or a space counted, not by a traceback at the end."""
+    (tmp_path / "out" / "index.html").mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-m", "eqsched", "report", "--db", str(db), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"eqsched: error: cannot write the report to {tmp_path / 'out' / 'index.html'}: it is "
+        f"a directory"]
+    assert list((tmp_path / "out").iterdir()) == [tmp_path / "out" / "index.html"]

@@ -514,13 +514,17 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_report(args: Any) -> int:
-    from ..args import CliError
+    from ..args import CliError, check_writable
 
+    if Path(args.out).is_dir():  # before numpy is timed and the spaces counted, not after
+        check_writable(Path(args.out) / "index.html", "the report")
     try:
         report = write_report(args.db, args.out, numpy=not args.no_numpy,
                               space=not args.no_space)
     except (ReportError, DatabaseError) as err:
         raise CliError(str(err)) from None
+    except OSError as e:  # a disk that filled up on the way
+        raise CliError(f"cannot write the report to {args.out} ({e.strerror})") from None
     if args.json:
         print(json.dumps({"files": [str(f) for f in report.files], "rows": report.rows}))
     else:
