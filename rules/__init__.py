@@ -49,6 +49,8 @@ def resolve(spec: Spec = None) -> list[Rule]:
         return default_rules()
     if isinstance(spec, str):
         items: list = spec.replace(",", " ").split()
+        if not items:  # a typo, not a request for the default set (that is None)
+            raise RuleError(f"the rule spec {spec!r} names no rule")
     else:
         items = [spec] if isinstance(spec, Rule) else list(spec)
     edits = [i for i in items if isinstance(i, str) and i[:1] in "+-"]

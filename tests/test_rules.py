@@ -124,6 +124,9 @@ def test_resolve_edits_names_and_objects():
     assert "my_reorder" in [r.name for r in swapped] and "reorder" not in [r.name for r in swapped]
     with pytest.raises(RuleError, match="unknown rule 'tiles'"):
         resolve("tiles")
+    for nothing in ("", " , "):  # the default set is None; an empty spec is a typo
+        with pytest.raises(RuleError, match="names no rule"):
+            resolve(nothing)
 
 
 def test_a_rule_must_draw_itself():
