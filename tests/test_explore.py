@@ -1,11 +1,11 @@
 """The exploration loop: measured, checked, stored, resumable, reproducible."""
 
 import dataclasses
-import functools
 import json
 import shutil
 
 import pytest
+from conftest import small_search
 
 import eqsched.explore as explore_module
 from eqsched import machine
@@ -13,7 +13,6 @@ from eqsched.backend import CompileOptions, Target, TargetError, compile_program
 from eqsched.backend import target as target_module
 from eqsched.db import Database
 from eqsched.explore import ExploreError, Settings, explore, search_beside_measuring
-from eqsched.extract.search import EvolutionarySearch
 from eqsched.ir import naive_program
 from eqsched.machine_model import machine_model
 from eqsched.schedule import Schedule
@@ -25,20 +24,9 @@ SIZE = (16, 32, 8)
 FAST = Settings(repeats=2, warmup=0, threads=1, contended_cores=None)
 
 
-def small_search(monkeypatch):
-    """Runs search a quarter of the default population on one island: a round of the default
-    search (192 candidates, three first-round islands) took 10-20 s of a 2-trial run at these
-    sizes, and these tests are about the loop around it (tests/test_search.py tests the
-    search). Spaces that small still count as whole as by default."""
-    default = EvolutionarySearch.__init__.__kwdefaults__
-    whole = default["population"] * (1 + default["max_generations"])
-    monkeypatch.setattr(explore_module, "EvolutionarySearch", functools.partial(
-        EvolutionarySearch, population=48, survivors=12, first_islands=1, whole_space=whole))
-
-
 @pytest.fixture(autouse=True)
 def every_search_small(monkeypatch):
-    small_search(monkeypatch)
+    small_search(monkeypatch)  # these tests are about the loop around the search
 
 
 def run(db, **kw):
