@@ -371,8 +371,9 @@ class _Exploration:
         left = self.budget.trials - len(self.result.trials) - planned
         if left <= 0 or self.budget.out_of_time():
             return []
-        return self.search.propose(min(self.budget.batch, left), exclude=self.tried,
-                                   elites=self.elites[:8])
+        with self.measurer.gate.searching():
+            return self.search.propose(min(self.budget.batch, left), exclude=self.tried,
+                                       elites=self.elites[:8])
 
     def measure_round(self, proposed: list[tuple[Candidate, float]], round_index: int,
                       into: list[Trial]) -> None:

@@ -63,7 +63,9 @@ _REFERENCES_KEPT = 4  # per worker: candidates of one workload share one referen
 # The worker's own deadline comes this long after the parent's, so the parent, when alive,
 # reports the timeout itself; the worker's deadline is for when the parent is gone or stuck.
 _WORKER_GRACE_S = 2.0
-LOAD_WINDOW_S = 0.2  # the shortest window over which other processes' CPU use is measured
+# The shortest window over which other processes' CPU use means something: /proc/stat counts in
+# 10 ms steps, ticked every few ms per core, so over 0.2 s it reads within about 0.1 core.
+LOAD_WINDOW_S = 0.2
 _STDERR_KEPT = 600  # characters of the worker's stderr quoted in an error
 # Signals a kernel raises itself: the same program would crash the same way.
 _CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
@@ -88,11 +90,16 @@ class Measurement:
     check_message: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     error_kind: str | None = None
-    # Cores' worth of CPU time other processes used while the candidate was timed (all the
-    # machine's busy time minus the worker's own), and the 1-minute load average after it:
-    # a neighbour process can make a timing 2-3x slow (docs/ARCHITECTURE.md §17.5).
+    # Cores' worth of CPU time other processes used while the candidate was timed: the
+    # machine's busy time minus the worker's and its caller's (the process that measures,
+    # like explore's), and the 1-minute load average after it: a neighbour process can make
+    # a timing 2-3x slow (docs/ARCHITECTURE.md §11, §17.5). `caller_cores` is the caller's
+    # own share, its interference with itself (explore's search waits: about 0). None when
+    # not known: nothing timed, no /proc, or a timing shorter than LOAD_WINDOW_S that no
+    # contention check asked to pad.
     others_cores: float | None = None
     load: float | None = None
+    caller_cores: float | None = None
     retimed: int = 0  # timings taken again because other processes competed (contended_cores)
 
     def __post_init__(self) -> None:
@@ -201,7 +208,10 @@ class _Job:
     retimes: int = 0
 
 
-_TIMING = "timing"  # the worker's note that it starts timing (the result follows)
+# The worker's note that it is about to time, and the caller's answer that its own work has
+# paused (`on_timing` returned): the timing starts then; the result follows.
+_TIMING = "timing"
+_GO = "go"
 
 
 class _WorkerLost(Exception):
@@ -275,48 +285,84 @@ def _run(job: _Job, timing: Callable[[], None]) -> list[Measurement]:
     """Compile and check every program of the job, then time them: `rounds` times in turn, so
     each sees the machine as the others did (side by side). A timing during which other
     processes kept `contended_cores` busy is taken again, up to `retimes` times; the quietest
-    is kept."""
+    is kept. `timing()` returns when the caller is ready for the timing to start."""
     prepared = [_prepare(prog, job) for prog in job.programs]
-    if all(kernel is None for _, kernel, _ in prepared):
-        return [result for result, _, _ in prepared]  # nothing to time: failed or wrong
-    timing()  # before the warmup, which gives the caller time to quiet down
-    kept: tuple[float, list[list[float]]] | None = None
+    if job.repeats == 0 or all(kernel is None for _, kernel, _ in prepared):
+        return [result for result, _, _ in prepared]  # nothing to time: failed, wrong, or asked
+    timing()
+    kept: _Window | None = None
     for attempt in range(1 + job.retimes):
-        others, times = _timed_window(prepared, job)
-        if kept is None or others < kept[0]:
-            kept = (others, times)
-        if job.contended_cores is None or others < job.contended_cores:
+        window = _timed_window(prepared, job)
+        if kept is None or window.quieter_than(kept):
+            kept = window
+        if not window.contended(job.contended_cores):
             break
-    others, times = kept
     load = os.getloadavg()[0]
     results = []
-    for (result, _, _), prog, timed in zip(prepared, job.programs, times):
+    for (result, _, _), prog, timed in zip(prepared, job.programs, kept.times):
         if timed:
             result.times = timed
             result.median_s = statistics.median(timed)
             result.min_s = min(timed)
             result.gflops = prog.computation.flops / result.median_s / 1e9
-            result.others_cores, result.load, result.retimed = others, load, attempt
+            result.others_cores, result.caller_cores = kept.others_cores, kept.caller_cores
+            result.load, result.retimed = load, attempt
         results.append(result)
     return results
 
 
-def _timed_window(prepared: list, job: _Job) -> tuple[float, list[list[float]]]:
-    """Each prepared program timed `rounds` times in turn: its times, and the cores' worth of
-    CPU time other processes used meanwhile (0 where the system does not say)."""
+@dataclass
+class _Window:
+    """One timing of a job's programs: their times, and the cores' worth of CPU time other
+    processes and the caller used meanwhile (None: not known)."""
+
+    times: list[list[float]]
+    others_cores: float | None
+    caller_cores: float | None
+
+    def contended(self, limit: float | None) -> bool:
+        return limit is not None and self.others_cores is not None and self.others_cores >= limit
+
+    def quieter_than(self, other: _Window) -> bool:
+        return (self.others_cores is not None and other.others_cores is not None
+                and self.others_cores < other.others_cores)
+
+
+def _timed_window(prepared: list, job: _Job) -> _Window:
+    """Each prepared program timed `rounds` times in turn, and who else used the machine."""
     times: list[list[float]] = [[] for _ in prepared]
-    busy, own, wall = machine_busy_s(), time.process_time(), time.perf_counter()
+    before, own, wall = _cpu_counters(), time.process_time(), time.perf_counter()
     for _ in range(job.rounds):
         for (_, kernel, run), timed in zip(prepared, times):
             if kernel is not None:
                 _time(kernel, run, timed, job)
-    # The busy counters tick every 10 ms per core: a window shorter than LOAD_WINDOW_S is
-    # padded by waiting (the caller's search is still held), so the figure means something.
-    time.sleep(max(0.0, LOAD_WINDOW_S - (time.perf_counter() - wall)))
+    if job.contended_cores is not None:
+        # A caller acts on the figure: a window shorter than LOAD_WINDOW_S is padded by
+        # waiting (the caller's search is still held), so it means something. Unchecked
+        # timings are not padded: the suite and `eqsched run` time hundreds of tiny kernels.
+        time.sleep(max(0.0, LOAD_WINDOW_S - (time.perf_counter() - wall)))
     wall = time.perf_counter() - wall
+    after = _cpu_counters()
+    if before is None or after is None or wall < LOAD_WINDOW_S:
+        return _Window(times, None, None)
+    busy, caller = after[0] - before[0], after[1] - before[1]
+    others = busy - (time.process_time() - own) - caller
+    return _Window(times, max(0.0, others / wall), caller / wall)
+
+
+def _cpu_counters() -> tuple[float, float] | None:
+    """CPU seconds the whole machine (`machine_busy_s`) and the worker's caller (its parent:
+    every thread, from /proc/PID/stat) have used, or None where /proc does not say."""
+    busy = machine_busy_s()
+    try:
+        with open(f"/proc/{os.getppid()}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
     if busy is None:
-        return 0.0, times
-    return max(0.0, ((machine_busy_s() - busy) - (time.process_time() - own)) / wall), times
+        return None
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return busy, (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
 def _prepare(prog: Program, job: _Job) -> tuple[Measurement, Callable | None, list]:
@@ -402,7 +448,7 @@ def _serve(requests: Connection, replies: Connection) -> None:
         signal.setitimer(signal.ITIMER_REAL, job.timeout_s + _WORKER_GRACE_S)
         _cap_memory(job.max_memory)
         try:
-            results = _run(job, lambda: replies.send((job.id, _TIMING)))
+            results = _run(job, lambda: _wait_for_go(job, requests, replies))
         except Exception as err:  # every failure of one job is that job's result
             results = [_failure(err)] * len(job.programs)
         if _drop_damaged_references():  # which program of the job did it is not known
@@ -415,6 +461,16 @@ def _serve(requests: Connection, replies: Connection) -> None:
                     result.gflops = None
         replies.send((job.id, results))
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _wait_for_go(job: _Job, requests: Connection, replies: Connection) -> None:
+    """Tell the caller that timing is about to start and wait for its go: it pauses its own
+    work first (explore's search finishes the unit of work it is in), which would otherwise
+    run beside the timing and be taken for another process's (docs/ARCHITECTURE.md §11)."""
+    replies.send((job.id, _TIMING))
+    answer = requests.recv()
+    if answer != (job.id, _GO):
+        raise RuntimeError(f"expected the caller's go for job {job.id}, got {answer!r}")
 
 
 def _cap_memory(max_memory: int) -> None:
@@ -603,6 +659,7 @@ class _Worker:
                 timing = True
                 if on_timing is not None:
                     on_timing(True)
+                self.send.send((job.id, _GO))
         except _WorkerLost:
             raise
         except (EOFError, OSError):
@@ -733,13 +790,16 @@ def measure(
     use one number each); `timeout_s` bounds the whole job (compile, reference, check, timing)
     and `max_memory` (bytes; default `default_max_memory()`) what the worker may allocate.
     Warmup and timing stop early once they have taken `time_budget_s`, but not before
-    min(`min_repeats`, `repeats`) calls are timed. `on_timing(True)` is called when the worker
-    starts warming up to time (after compiling and checking) and `on_timing(False)` when it is
-    done, so a caller can keep its own work off the machine meanwhile. Never raises for a bad
-    program: failures come back as `error`, with `error_kind`. Raises ValueError for bad
-    settings. A timing during which other processes kept `contended_cores` cores' worth busy
+    min(`min_repeats`, `repeats`) calls are timed (none with `repeats` 0: compiled and checked
+    only). `on_timing(True)` is called when the worker is about to warm up and time (after
+    compiling and checking), which waits until it returns, and `on_timing(False)` when it is
+    done, so a caller can pause its own work meanwhile. Never raises for a bad program:
+    failures come back as `error`, with `error_kind`. Raises ValueError for bad settings.
+    A timing during which other processes kept `contended_cores` cores' worth busy
     (`Measurement.others_cores`) is taken again, up to `retimes` times, and the quietest kept
-    (`Measurement.retimed` says how often); None never takes one again.
+    (`Measurement.retimed` says how often); a timing shorter than LOAD_WINDOW_S is then
+    padded by waiting, so the figure means something. None never takes one again nor pads:
+    `others_cores` is then None for a timing shorter than LOAD_WINDOW_S.
     """
     return measure_side_by_side(
         [prog], rounds=1, repeats=repeats, warmup=warmup, timeout_s=timeout_s, seed=seed,

@@ -11,16 +11,18 @@ not used) and otherwise measured in a worker process
 with its trace and target. A candidate whose trace cannot be derived is never run: it is recorded
 as an error, since only replayable programs may be reported.
 
-`TimingGate` counts the candidates being timed; a search that calls its `wait_turn` between small
-units of work never runs while one is (explore's search runs beside the measurements).
+`TimingGate` counts the candidates being timed; a search that works inside its `searching()` and
+calls its `wait_turn` between small units of work never runs while one is: a timing starts once
+the unit in progress has ended (explore's search runs beside the measurements).
 
 See docs/ARCHITECTURE.md §10 Exploration.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -182,25 +184,61 @@ class Trial:
 
 
 class TimingGate:
-    """How many candidates are being timed: `wait_turn` blocks while any is. The search runs
-    beside the measurements but must not while a candidate is timed: its memory traffic slows
-    the timing, and unevenly (docs/ARCHITECTURE.md §17.5)."""
+    """Keeps a search off the machine while candidates are timed: its memory traffic slows the
+    timing, and unevenly (docs/ARCHITECTURE.md §17.5), and its CPU time would be taken for
+    another process's (§11).
+
+    A search runs its work inside `searching()` and calls `wait_turn` between small units of
+    it, which blocks while any candidate is timed. `on_timing(True)`, the runner's callback
+    before a timing starts, returns once every search is at a `wait_turn` or outside
+    `searching()`: the unit a search is in when a timing is asked for runs to its end first,
+    then the timing starts.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._timing = 0
-        self._quiet = threading.Event()
-        self._quiet.set()
+        self._changed = threading.Condition()
+        self._timing = 0  # candidates being timed
+        self._working = 0  # searches inside a unit of work
+        self._mine = threading.local()  # whether this thread is one of them
 
     def on_timing(self, started: bool) -> None:
-        """`runner.measure`'s callback: a timing starts (True) or ends (False)."""
-        with self._lock:
+        """`runner.measure`'s callback: a timing starts (True) or has ended (False)."""
+        with self._changed:
             self._timing += 1 if started else -1
-            (self._quiet.clear if self._timing else self._quiet.set)()
+            self._changed.notify_all()
+            if started:  # a thread that searches and measures itself does not wait for itself
+                self._changed.wait_for(lambda: self._working == self._in_unit())
 
     def wait_turn(self) -> bool:
-        """Return once no candidate is being timed."""
-        return self._quiet.wait()
+        """Return once no candidate is being timed (between two units of a search's work)."""
+        with self._changed:
+            mine = self._in_unit()
+            self._working -= mine
+            self._changed.notify_all()
+            self._changed.wait_for(lambda: self._timing == 0)
+            self._working += mine
+        return True
+
+    @contextlib.contextmanager
+    def searching(self) -> Iterator[None]:
+        """Around a search's work: from each `wait_turn` to the next, and from the start to the
+        first and from the last to the end, it is a unit that a timing waits for."""
+        if self._in_unit():
+            raise RuntimeError("searching() does not nest")
+        with self._changed:
+            self._changed.wait_for(lambda: self._timing == 0)
+            self._working += 1
+            self._mine.working = 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._working -= 1
+                self._mine.working = 0
+                self._changed.notify_all()
+
+    def _in_unit(self) -> int:
+        return getattr(self._mine, "working", 0)
 
 
 class Measurer:

@@ -1,12 +1,28 @@
-"""Shared test helpers: `within`, which fails a test that would otherwise hang, and
-`synthetic_machine`, a machine model of no particular CPU."""
+"""Shared test helpers: `within`, which fails a test that would otherwise hang,
+`synthetic_machine`, a machine model of no particular CPU, and `small_search`, which makes
+explore's search cheap for tests about what surrounds it."""
 
+import functools
 import signal
 from contextlib import contextmanager
 
 import pytest
 
+import eqsched.explore as explore_module
+from eqsched.extract.search import EvolutionarySearch
 from eqsched.machine_model import MachineModel
+
+
+def small_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes `explore` search a quarter of the default population on one island: a round of
+    the default search (192 candidates, three first-round islands) took 10-20 s of a 2-trial
+    run of matmul 16x32x8, for tests about the loop, the database or the report around it
+    (tests/test_search.py tests the search). Spaces no larger than the default search would
+    rank whole are still ranked whole."""
+    default = EvolutionarySearch.__init__.__kwdefaults__
+    whole = default["population"] * (1 + default["max_generations"])
+    monkeypatch.setattr(explore_module, "EvolutionarySearch", functools.partial(
+        EvolutionarySearch, population=48, survivors=12, first_islands=1, whole_space=whole))
 
 
 @pytest.fixture

@@ -185,7 +185,7 @@ def _wait_for_measurements(db, proc, count):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_killed_exploration_keeps_its_measurements_and_resumes(tmp_path, signum):
     db = tmp_path / "x.db"
-    proc = _explore_in_background(db, trials=16)
+    proc = _explore_in_background(db, trials=8)  # killed in its first round of two
     try:
         _wait_for_measurements(db, proc, 2)
         proc.send_signal(signum)
@@ -206,7 +206,7 @@ def test_a_killed_exploration_keeps_its_measurements_and_resumes(tmp_path, signu
     listing = subprocess.run([sys.executable, "-m", "eqsched", "runs", "--db", str(db)],
                              capture_output=True, text=True, env=ENV, timeout=120)
     assert listing.returncode == 0 and f" {run['status']} " in listing.stdout.splitlines()[1]
-    resumed = explore_cmd(*SMALL, "--trials", "16", "--db", str(db), "--json")
+    resumed = explore_cmd(*SMALL, "--trials", "8", "--db", str(db), "--json")
     assert resumed.returncode == 0, resumed.stderr
     out = json.loads(resumed.stdout)
     assert out["trials"] - out["measured"] >= kept - 1  # all but the naive program reused

@@ -3,8 +3,10 @@
 import dataclasses
 import json
 import math
+import shutil
 
 import pytest
+from conftest import small_search
 
 import eqsched.explore as explore_module
 from eqsched import machine
@@ -24,7 +26,14 @@ from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
 
 SIZE = (16, 32, 8)
-FAST = Settings(repeats=2, warmup=0, threads=1)
+# No contention check: these tests are about the loop, and a check pads every timing to
+# runner.LOAD_WINDOW_S (tests/test_trials.py and tests/test_runner.py test it).
+FAST = Settings(repeats=2, warmup=0, threads=1, contended_cores=None)
+
+
+@pytest.fixture(autouse=True)
+def every_search_small(monkeypatch):
+    small_search(monkeypatch)  # these tests are about the loop around the search
 
 
 def run(db, **kw):
@@ -35,9 +44,17 @@ def run(db, **kw):
                    **kw)
 
 
-def test_an_exploration_measures_checks_and_stores_every_trial(tmp_path):
-    db = tmp_path / "x.db"
-    result = run(db)
+@pytest.fixture(scope="module")
+def explored(tmp_path_factory):
+    """One run of 8 trials (two rounds), which several tests read: its database and result."""
+    db = tmp_path_factory.mktemp("explored") / "x.db"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        small_search(monkeypatch)
+        return db, run(db)
+
+
+def test_an_exploration_measures_checks_and_stores_every_trial(explored):
+    db, result = explored
     assert len(result.trials) == 8 and result.measured == 8 and len(result.rounds) == 2
     assert result.best is not None and result.best.correct
     assert result.stop_reason == "the trial budget (8) is spent"
@@ -55,8 +72,8 @@ def test_an_exploration_measures_checks_and_stores_every_trial(tmp_path):
         assert summary["best_gflops"] == result.best.gflops and summary["peak_gflops"] > 0
 
 
-def test_the_best_is_the_fastest_finalist_timed_again_side_by_side(tmp_path):
-    result = run(tmp_path / "x.db")
+def test_the_best_is_the_fastest_finalist_timed_again_side_by_side(explored, tmp_path):
+    db, result = explored
     good = sorted((t for t in result.trials if t.correct), key=lambda t: t.median_s)
     assert result.in_run_best_gflops == good[0].gflops
     finalists = result.finalists
@@ -64,7 +81,7 @@ def test_the_best_is_the_fastest_finalist_timed_again_side_by_side(tmp_path):
     fastest = max(finalists, key=lambda f: f["remeasured_gflops"])
     assert result.best.program_hash == fastest["hash"] == result.best_program.hash()
     assert result.best.gflops == fastest["remeasured_gflops"]
-    with Database(tmp_path / "x.db") as d:
+    with Database(db) as d:
         (run_row,) = d.runs("matmul", SIZE)
         assert run_row["summary"]["finalists"] == finalists
         assert run_row["summary"]["best_gflops"] == result.best.gflops
@@ -73,16 +90,17 @@ def test_the_best_is_the_fastest_finalist_timed_again_side_by_side(tmp_path):
     assert alone.best.median_s == min(t.median_s for t in alone.trials if t.correct)
 
 
-def test_the_best_trace_replays_to_the_best_program(tmp_path):
-    result = run(tmp_path / "x.db")
+def test_the_best_trace_replays_to_the_best_program(explored):
+    _, result = explored
     naive = naive_program(get_workload("matmul").build(*SIZE))
     replayed = Schedule.replay(naive, result.best_trace).program
     assert replayed.hash() == result.best_program.hash() == result.best.program_hash
 
 
-def test_a_rerun_with_the_same_seed_and_database_measures_nothing_new(tmp_path):
+def test_a_rerun_with_the_same_seed_and_database_measures_nothing_new(explored, tmp_path):
     db = tmp_path / "x.db"
-    first = run(db)
+    shutil.copy(explored[0], db)
+    first = explored[1]
     again = run(db)
     assert again.measured == 0
     assert [t.program_hash for t in again.trials] == [t.program_hash for t in first.trials]
@@ -202,8 +220,8 @@ def test_a_round_searched_while_the_time_ran_out_is_not_measured(tmp_path, monke
     assert result.stop_reason == "the time budget (3600 s) is spent"
 
 
-def test_rank_correlation_is_reported_per_round(tmp_path):
-    result = run(tmp_path / "x.db")
+def test_rank_correlation_is_reported_per_round(explored):
+    _, result = explored
     out = result.to_json()
     assert [r["round"] for r in out["rounds"]] == [0, 1]
     for r in out["rounds"]:

@@ -5,6 +5,7 @@ import sys
 import warnings
 
 import pytest
+from conftest import small_search
 
 from eqsched.explore import Settings, explore
 
@@ -25,15 +26,24 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("report") / "r.db"
-    for model in ("analytic", "random"):
-        explore("matmul", (16, 16, 16), trials=4, batch=2, db=path, cost_model=model,
-                settings=Settings(repeats=2, warmup=0, threads=1))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        small_search(monkeypatch)  # the report reads explorations; any search makes them
+        for model in ("analytic", "random"):
+            explore("matmul", (16, 16, 16), trials=4, batch=2, db=path, cost_model=model,
+                    settings=Settings(repeats=2, warmup=0, threads=1, contended_cores=None))
     return path
 
 
-def test_the_page_shows_every_exploration_and_figure(db, tmp_path):
-    report = write_report(db, tmp_path / "out", numpy=True, space=True)
-    page = (tmp_path / "out" / "index.html").read_text()
+@pytest.fixture(scope="module")
+def page(db, tmp_path_factory):
+    """The whole report of `db` (space counts and numpy included): its folder and Report."""
+    out = tmp_path_factory.mktemp("page")
+    return out, write_report(db, out, numpy=True, space=True)
+
+
+def test_the_page_shows_every_exploration_and_figure(page):
+    out, report = page
+    page = (out / "index.html").read_text()
     pngs = [f for f in report.files if f.suffix == ".png"]
     assert {f.name for f in pngs} == {"progress_matmul_16x16x16.png",
                                       "predicted_matmul_16x16x16.png", "space.png",
@@ -49,9 +59,8 @@ def test_the_page_shows_every_exploration_and_figure(db, tmp_path):
     assert page.count("<tr>") == 1 + 2
 
 
-def test_space_counts_are_cached_beside_the_page(db, tmp_path):
-    write_report(db, tmp_path, numpy=False, space=True)
-    counts = (tmp_path / "space_counts.json").read_text()
+def test_space_counts_are_cached_beside_the_page(page, db, tmp_path):
+    counts = (page[0] / "space_counts.json").read_text()
     assert '"without tile"' in counts and '"all rules"' in counts
     report = write_report(db, tmp_path, numpy=False, space=False)
     assert "space.png" not in {f.name for f in report.files}

@@ -1,6 +1,7 @@
 """The space object on small hand-built e-graphs: exact counts (checked against brute force),
 uniform and deterministic sampling, membership, size constraints, cycles, export."""
 
+import functools
 import json
 import math
 import random
@@ -138,28 +139,32 @@ def brute_force(sp: Space) -> set:
                 for p, i, b in choices(ch[1]):
                     yield p, (leaf(ch[0]),) + i, b
 
-    def valid(term, sizes):
-        for s, _ in walk(term.body):
-            if isinstance(s, PieceLoop) and not extent_allowed(s.kind, sizes[(s.group, s.path)],
-                                                               sp.vector_lanes):
+    parent = functools.cache(parent_path)  # asked millions of times, of a few paths
+
+    def valid(loops, group, sizes):
+        """Whether `sizes` of `group`'s symbols suit its `loops` (kind, path) of one term:
+        every condition on sizes concerns the loops of one group."""
+        for kind, path in loops:
+            if not extent_allowed(kind, sizes[(group, path)], sp.vector_lanes):
                 return False
-        for group, extent in sp.facts.extents.items():
+        if group in sp.facts.extents:  # not a pack: every width listed is one
+            extent = sp.facts.extents[group]
             used = {p for g, p in sizes if g == group}
             tree = set(used)
             for p in used:
                 while p:
-                    p = parent_path(p)[0]
+                    p = parent(p)[0]
                     tree.add(p)
 
             def ext(p):
-                kids = [q for q in tree if q and parent_path(q)[0] == p]
+                kids = [q for q in tree if q and parent(q)[0] == p]
                 whole = math.prod(ext(q) for q in kids) if kids else None
                 if p in used:
                     return sizes[(group, p)] if whole in (None, sizes[(group, p)]) else -1
                 return whole
 
-            top = sorted((q for q in tree if q and parent_path(q)[0] == ""),
-                         key=lambda q: parent_path(q)[1])
+            top = sorted((q for q in tree if q and parent(q)[0] == ""),
+                         key=lambda q: parent(q)[1])
             if "" in used and sizes[(group, "")] != extent:
                 return False
             parts = [ext(q) for q in top]
@@ -181,36 +186,50 @@ def brute_force(sp: Space) -> set:
         register = (tile in REGISTER_TILES or triple) and 2 * tile < extent
         return (power or register) and (outer - 1) * tile < extent < outer * tile
 
+    def options(group, packs):
+        """Every size a symbol of `group` is tried with."""
+        if group.startswith("pack:"):
+            dim = next(p.dim for p in packs if pack_symbol(p.buffer)[0] == group)
+            shape = sp.naive.buffer(group[5:]).shape
+            n = shape[dim]
+            # divisors, and padded widths: powers of two from a vector up, below 2n; not n
+            # itself along the innermost dimension (the buffer's own layout)
+            return [d for d in range(2, 2 * n) if (n % d == 0
+                    or (d & (d - 1) == 0 and d >= min(VECTOR_LANES)))
+                    and not (d == n and dim == len(shape) - 1)]
+        # Powers of two from 2n on are left out: `fits` takes no tile of 2n or more, and every
+        # piece is at most its top-level piece, so no valid size reaches 2n; the register tiles
+        # below n / 2.
+        n = sp.facts.extents[group]
+        tiles = [1 << a for a in range(n.bit_length() + 1) if 1 << a < 2 * n]
+        tiles += [t for t in REGISTER_TILES if 2 * t < n]
+        tiles += [3 << a for a in range(2, n.bit_length()) if 2 * (3 << a) < n]
+        return sorted({d for d in range(1, n + 1) if n % d == 0}
+                      | {d for t in tiles for d in range(1, t + 1) if t % d == 0}
+                      | {-(-n // t) for t in tiles})
+
+    # Every assignment of every group's symbols is tried; since each condition concerns one
+    # group, a group's valid assignments are found on their own (once per shape of its loops:
+    # terms share them) and the term's sizes are every combination of them.
+    valid_of_group: dict = {}
     out = set()
     for packs, inlined, body in choices(sp.root_class):
         term = Term(body, inlined, packs)
         syms = sorted(symbols(term))
-        options = []
-        for g, _ in syms:
-            if g.startswith("pack:"):
-                dim = next(p.dim for p in packs if pack_symbol(p.buffer)[0] == g)
-                shape = sp.naive.buffer(g[5:]).shape
-                n = shape[dim]
-                # divisors, and padded widths: powers of two from a vector up, below 2n; not n
-                # itself along the innermost dimension (the buffer's own layout)
-                options.append([d for d in range(2, 2 * n) if (n % d == 0
-                                or (d & (d - 1) == 0 and d >= min(VECTOR_LANES)))
-                                and not (d == n and dim == len(shape) - 1)])
-            else:
-                # Powers of two from 2n on are left out: `fits` takes no tile of 2n or more, and
-                # every piece is at most its top-level piece, so no valid size reaches 2n; the
-                # register tiles below n / 2.
-                n = sp.facts.extents[g]
-                tiles = [1 << a for a in range(n.bit_length() + 1) if 1 << a < 2 * n]
-                tiles += [t for t in REGISTER_TILES if 2 * t < n]
-                tiles += [3 << a for a in range(2, n.bit_length()) if 2 * (3 << a) < n]
-                options.append(sorted({d for d in range(1, n + 1) if n % d == 0}
-                                      | {d for t in tiles for d in range(1, t + 1) if t % d == 0}
-                                      | {-(-n // t) for t in tiles}))
-        for values in product(*options):
-            sizes = dict(zip(syms, values))
-            if valid(term, sizes):
-                out.add((term, tuple(sorted(sizes.items()))))
+        per_group = []
+        for group in sorted({g for g, _ in syms}):
+            mine = tuple(s for s in syms if s[0] == group)
+            loops = tuple((s.kind, s.path) for s, _ in walk(term.body)
+                          if isinstance(s, PieceLoop) and s.group == group)
+            key = (mine, loops, tuple(packs) if group.startswith("pack:") else ())
+            if key not in valid_of_group:
+                assignments = (dict(zip(mine, values))
+                               for values in product(*(options(group, packs) for _ in mine)))
+                valid_of_group[key] = [a for a in assignments if valid(loops, group, a)]
+            per_group.append(valid_of_group[key])
+        for parts in product(*per_group):
+            sizes = {sym: size for part in parts for sym, size in part.items()}
+            out.add((term, tuple(sorted(sizes.items()))))
     return out
 
 

@@ -4,6 +4,7 @@ is stored under; the gate that holds the search while a candidate is timed."""
 import dataclasses
 import math
 import threading
+import time
 
 import pytest
 
@@ -15,7 +16,7 @@ from eqsched.egraph.space import build_space
 from eqsched.extract import EvolutionarySearch, get_cost_model
 from eqsched.ir import naive_program
 from eqsched.rules import default_rules
-from eqsched.runner import Measurement
+from eqsched.runner import Measurement, measure
 from eqsched.schedule import Schedule
 from eqsched.trials import MAX_SEED, Measurer, Settings, TimingGate, check_seed, measurement_key
 from eqsched.workloads import get_workload
@@ -177,6 +178,65 @@ def test_the_timing_gate_holds_the_search_while_a_candidate_is_timed():
     gate.on_timing(False)
     assert passed.wait(10)
     searcher.join(10)
+
+
+def test_a_timing_starts_once_the_searchs_unit_of_work_in_progress_has_ended():
+    # The unit a search is in when a timing is asked for runs to its end, then the search
+    # waits; the timing starts only then, so the search's CPU time is never in the window.
+    gate = TimingGate()
+    in_unit, end_unit, parked_at_turn = threading.Event(), threading.Event(), threading.Event()
+
+    def search():
+        with gate.searching():
+            in_unit.set()
+            end_unit.wait(30)
+            parked_at_turn.set()
+            gate.wait_turn()  # the next unit waits for the timing to end
+
+    searcher = threading.Thread(target=search, daemon=True)
+    searcher.start()
+    assert in_unit.wait(10)
+    started = threading.Event()
+    timer = threading.Thread(target=lambda: (gate.on_timing(True), started.set()), daemon=True)
+    timer.start()
+    assert not started.wait(0.2)  # the search is still in its unit
+    end_unit.set()
+    assert started.wait(10) and parked_at_turn.is_set()
+    searcher.join(0.2)
+    assert searcher.is_alive()  # held at wait_turn while the candidate is timed
+    gate.on_timing(False)
+    searcher.join(10)
+    assert not searcher.is_alive()
+    # A search that has ended is not waited for; one measuring itself does not wait for itself.
+    gate.on_timing(True)
+    gate.on_timing(False)
+    with gate.searching():
+        gate.on_timing(True)
+        gate.on_timing(False)
+
+
+def test_a_search_that_waits_its_turn_is_off_the_machine_while_a_candidate_is_timed(naive):
+    # Units of busy work between calls of wait_turn, as explore's search runs beside a round:
+    # the timing waits for the unit in progress, and none runs in its window, loaded machine
+    # or not (without the gate the caller's CPU time in the window is about a core).
+    gate, stop = TimingGate(), threading.Event()
+
+    def search():
+        with gate.searching():
+            while not stop.is_set():
+                start = time.perf_counter()
+                while time.perf_counter() - start < 0.02:
+                    pass
+                gate.wait_turn()
+
+    searcher = threading.Thread(target=search)
+    searcher.start()
+    try:
+        m = measure(naive, repeats=3, contended_cores=0.5, retimes=0, on_timing=gate.on_timing)
+    finally:
+        stop.set()
+        searcher.join()
+    assert m.correct is True and m.caller_cores is not None and m.caller_cores < 0.2
 
 
 def test_the_measurement_key_has_the_thread_count_only_for_parallel_programs(naive):
