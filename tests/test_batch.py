@@ -10,7 +10,7 @@ import time
 import pytest
 
 from eqsched.db import Database
-from eqsched.tools.batch import BatchError, Suite, run_batch
+from eqsched.tools.batch import BatchError, Suite, run_batch, tasks_dir
 
 TINY = """
 [defaults]
@@ -120,30 +120,39 @@ def test_a_batch_runs_every_job_and_a_rerun_takes_them_from_the_database(tmp_pat
     assert "from db" in again.table()
 
 
+def task_records(db) -> dict[str, list]:
+    """The measurements in each task database of the batches on `db` (beside it, in
+    `b.db.tasks/driver-*/job*/task.db`), by the task's directory."""
+    found = {}
+    for task_db in sorted(tasks_dir(db).glob("driver-*/job*/task.db")):
+        try:
+            with Database(task_db, readonly=True) as d:
+                found[task_db.parent.name] = d.records()
+        except Exception:  # a copy not yet complete, or removed as its job ended
+            pass
+    return found
+
+
+def wait_until_both_tasks_measured(db, proc) -> None:
+    """Each job explores into its own copy of the database until it ends: wait until both
+    copies hold two measurements (the naive program's and a candidate's) or more."""
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        counts = [len(records) for records in task_records(db).values()]
+        if len(counts) == 2 and min(counts) >= 2:
+            return
+    raise AssertionError("the batch's tasks did not measure in time")
+
+
 def test_ctrl_c_stops_the_batch_and_a_rerun_resumes_without_remeasuring(tmp_path):
     longer = TINY.replace("trials = 2", "trials = 8").replace("batch = 2", "batch = 3")
     (tmp_path / "s.toml").write_text(
         longer.replace('[[16, 16, 16], "small"]', "[[32, 32, 32], [48, 32, 16]]"))
     cmd = [sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2", "--db", "b.db"]
-    # Each job explores into its own copy of the database under TMPDIR until it ends: wait
-    # until both have measured something.
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     proc = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(scratch)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        time.sleep(0.5)
-        counts = []
-        for task_db in scratch.glob("eqsched-batch-*/job*/task.db"):
-            try:
-                with Database(task_db, readonly=True) as d:
-                    counts.append(len(d.records()))
-            except Exception:  # a copy not yet complete, or removed as its job ended
-                pass
-        if len(counts) == 2 and min(counts) >= 2:
-            break
+    wait_until_both_tasks_measured(tmp_path / "b.db", proc)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 130, err
@@ -234,7 +243,9 @@ def test_tasks_are_never_told_where_the_batch_database_is(tmp_path, monkeypatch)
     run_batch(suite(TINY), db, jobs=2)
     assert len(told) == 2
     for job, work_dir, driver in told:
-        assert str(db) not in work_dir and (batch.Path(work_dir).parent != tmp_path)
+        # Its own copy beside the database, in this driver's directory; never the database.
+        assert batch.Path(work_dir).parent.parent == tasks_dir(db)
+        assert str(db) not in (str(job), driver) and batch.Path(work_dir) != db
     assert len(measured_hashes(db)) == 2 * 3  # with the naive programs: merged by the driver
 
 
@@ -300,3 +311,33 @@ def test_task_processes_and_their_workers_die_with_a_killed_driver(tmp_path):
     for p in alive:  # cleans up after a failure; the assertion below reports it
         p.kill()
     assert alive == []
+
+
+def test_what_tasks_stored_before_their_driver_was_killed_is_merged_by_the_next_batch(tmp_path):
+    longer = TINY.replace("trials = 2", "trials = 8").replace("batch = 2", "batch = 3")
+    (tmp_path / "s.toml").write_text(
+        longer.replace('[[16, 16, 16], "small"]', "[[32, 32, 32], [48, 32, 16]]"))
+    db = tmp_path / "b.db"
+    proc = subprocess.Popen([sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2",
+                             "--db", "b.db"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_both_tasks_measured(db, proc)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # kill -9: nothing merges the tasks' copies
+        proc.wait(timeout=30)
+    time.sleep(1.0)  # the tasks die with the driver (their parent-death signal)
+    left = {r.program_hash for records in task_records(db).values() for r in records}
+    assert len(left) >= 4 and measured_hashes(db) == []
+    events = []
+    result = run_batch(Suite.load(tmp_path / "s.toml"), db, jobs=2,
+                       progress=lambda event, data: events.append((event, data)))
+    assert events[0] == ("recovered", {"measurements": len(left)})
+    assert [r["status"] for r in result.rows] == ["done", "done"]
+    after = measured_hashes(db)
+    assert left <= set(after) and len(set(after)) == len(after)
+    # What the killed batch's tasks measured is not measured again, and nothing is left behind.
+    assert sum(r["measured"] for r in result.rows) == len(after) - len(left)
+    assert not tasks_dir(db).exists()
+    with Database(db) as d:
+        assert [r["status"] for r in d.runs()] == ["interrupted"] * 2 + ["done"] * 2

@@ -26,7 +26,9 @@ database, which only this process (the driver) writes: a job explores into a sna
 sends its rows back. An exploration whose run already finished in the database is not run again;
 an interrupted one is re-run and measures nothing it already stored. `--jobs` local processes,
 one per job, run at once; `--executor ray` hands the same jobs to Ray tasks instead. A job whose
-process dies is retried once; the others go on.
+process dies is retried once; the others go on. The snapshots live beside the database
+(`runs.db.tasks/`) while the batch runs; when the driver is killed outright, the next batch on
+the database merges what its tasks stored.
 
     suite = Suite.load("suite.toml")
     result = run_batch(suite, "runs.db", jobs=2)
@@ -37,7 +39,9 @@ See docs/ARCHITECTURE.md §10 Exploration.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import itertools
 import json
 import multiprocessing
@@ -48,7 +52,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -283,11 +287,17 @@ def _row(job: Job, status: str, summary: dict[str, Any], measured: int | None = 
 # what earlier jobs measured), and gives back the rows of its new runs as JSON lines, which the
 # driver alone imports. SQLite files are thus never shared between processes or hosts, and a task
 # that dies leaves the batch's database as it was.
+#
+# The copies live beside the database, in TASKS_DIR/driver-*/, one directory per driver, locked
+# while it lives. A driver killed outright (kill -9, the OOM killer, a reboot) leaves its
+# directory behind with what its tasks stored; the next batch on the database merges it.
 
 TASK_DB = "task.db"
 TASK_ROWS = "rows.jsonl"
 TASK_RESULT = "row.json"
 SNAPSHOT_RUNS = "snapshot_runs.json"  # the ids of the runs the task database began with
+TASKS_DIR = ".tasks"  # "runs.db.tasks" beside "runs.db": its drivers' task databases
+_DRIVER_LOCK = "lock"  # in a driver's directory: locked (flock) while the driver lives
 
 
 def _task(job: Job, work_dir: str) -> dict[str, Any]:
@@ -338,6 +348,65 @@ def _merge(db_path: str, rows_file: Path) -> int:
         return 0
     with Database(db_path) as db:
         return db.import_jsonl(rows_file)
+
+
+def tasks_dir(db_path: str | Path) -> Path:
+    """Where the batch drivers of the database at `db_path` keep their tasks' databases."""
+    return Path(f"{db_path}{TASKS_DIR}")
+
+
+@contextlib.contextmanager
+def _driver_scratch(db_path: str) -> Iterator[Path]:
+    """This driver's directory for its tasks' databases (in `tasks_dir`), locked while it lives
+    and removed when it ends; a driver killed outright leaves it to `_recover_tasks`."""
+    root = tasks_dir(db_path)
+    for attempt in (1, 2):
+        root.mkdir(exist_ok=True)
+        try:
+            scratch = Path(tempfile.mkdtemp(prefix="driver-", dir=root))
+            break
+        except FileNotFoundError:  # another driver ending removed the empty root meanwhile
+            if attempt == 2:
+                raise
+    # Locked under another name, then renamed: `_recover_tasks` passes over a directory
+    # without a lock file (being created) and one whose lock is held (its driver lives).
+    lock = open(scratch / f"{_DRIVER_LOCK}.new", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.rename(scratch / f"{_DRIVER_LOCK}.new", scratch / _DRIVER_LOCK)
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        lock.close()
+        with contextlib.suppress(OSError):  # not empty: another driver's directory is there
+            root.rmdir()
+
+
+def _recover_tasks(db_path: str) -> int:
+    """Merge what the tasks of drivers that were killed outright stored in their databases
+    (their runs marked interrupted, so that they resume); returns the measurements added."""
+    root = tasks_dir(db_path)
+    added = 0
+    for scratch in sorted(root.glob("driver-*")) if root.is_dir() else []:
+        try:
+            lock = open(scratch / _DRIVER_LOCK)
+        except OSError:  # being created, or being removed by its driver
+            continue
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # its driver is alive
+                continue
+            for work_dir in sorted(p for p in scratch.iterdir() if p.is_dir()):
+                # Without SNAPSHOT_RUNS the snapshot was still being taken: no task ran on it.
+                if (work_dir / SNAPSHOT_RUNS).exists() and (work_dir / TASK_DB).exists():
+                    _export_new_runs(str(work_dir), _snapshot_runs(work_dir))
+                    added += _merge(db_path, work_dir / TASK_ROWS)
+                shutil.rmtree(work_dir)
+            shutil.rmtree(scratch)
+    with contextlib.suppress(OSError):
+        root.rmdir()
+    return added
 
 
 # ---- executors --------------------------------------------------------------------------------
@@ -549,7 +618,10 @@ def _cell(value: Any) -> str:
 
 def run_batch(suite: Suite, db: str | Path, jobs: int = 1, executor: str = "local",
               ray_address: str | None = None, progress: Progress | None = None) -> BatchResult:
-    """Run every job of `suite` into the database at `db`; see the module docstring."""
+    """Run every job of `suite` into the database at `db`; see the module docstring. First,
+    what tasks of a batch on `db` whose driver was killed stored is merged (`progress` hears
+    "recovered" with the number of measurements); then each job's row is reported ("job", or
+    "retry" when its process died)."""
     if jobs < 1:
         raise BatchError(f"jobs must be >= 1, got {jobs}")
     if executor not in ("local", "ray"):
@@ -560,19 +632,22 @@ def run_batch(suite: Suite, db: str | Path, jobs: int = 1, executor: str = "loca
     Database(db_path).close()  # a corrupt or foreign file fails here, before any job starts
     say = progress or (lambda event, data: None)
     started = time.perf_counter()
+    recovered = _recover_tasks(db_path)
+    if recovered:
+        say("recovered", {"measurements": recovered})
     done = {job: finished_row(job, db_path) for job in suite.jobs}
     for row in done.values():
         if row is not None:
             say("job", row)
     todo = [job for job in suite.jobs if done[job] is None]
-    with tempfile.TemporaryDirectory(prefix="eqsched-batch-") as scratch:
+    with _driver_scratch(db_path) as scratch:
         if not todo:
             ran, interrupted = {}, False
         elif executor == "ray":
-            rows, interrupted = _run_ray(todo, db_path, ray_address, Path(scratch), say)
+            rows, interrupted = _run_ray(todo, db_path, ray_address, scratch, say)
             ran = dict(zip(todo, rows))
         else:
-            rows, interrupted = _run_local(todo, db_path, jobs, Path(scratch), say)
+            rows, interrupted = _run_local(todo, db_path, jobs, scratch, say)
             ran = dict(zip(todo, rows))
     rows = [done[job] or ran[job] for job in suite.jobs]
     return BatchResult(rows, interrupted, time.perf_counter() - started)
@@ -606,6 +681,10 @@ def _cmd_batch(args: Any) -> int:
         print(f"eqsched: {len(suite.jobs)} explorations from {args.suite}", file=sys.stderr)
 
         def show(event: str, row: dict[str, Any]) -> None:
+            if event == "recovered":
+                print(f"eqsched: merged {row['measurements']} measurements that tasks of an "
+                      f"earlier batch stored before its driver was killed", file=sys.stderr)
+                return
             gf = row["best_gflops"]
             status = "retrying" if event == "retry" else row["status"]
             print(f"  {status:>11}: {row['job']}" + (f"  {gf:.1f} GFLOPS" if gf else "")
