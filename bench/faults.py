@@ -343,15 +343,17 @@ class SmallDisk:
         self.filler = path / "filler"
 
     def fill(self) -> None:
-        with open(self.filler, "ab") as f:
-            for chunk in (1 << 20, 4096, 1):
+        fd = os.open(self.filler, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            for chunk in (1 << 20, 4096, 1):  # to the last byte
                 try:
-                    while True:
-                        f.write(b"\0" * chunk)
-                        f.flush()
+                    while os.write(fd, b"\0" * chunk):
+                        pass
                 except OSError as e:
                     if e.errno != errno.ENOSPC:
                         raise
+        finally:
+            os.close(fd)
 
     def free(self) -> None:
         self.filler.unlink(missing_ok=True)
@@ -532,11 +534,17 @@ def judge_first_exit(fault: str, code: int | None, command: Command, out: Outcom
     elif code not in allowed:
         out.problems.append(f"the faulted command exited {code}: "
                             f"{command.last_error_line()[:120]}")
-    elif code in (1, 2) and not command.last_error_line().startswith("eqsched: error: "):
-        out.problems.append(f"exit {code} without a one-line error: "
-                            f"{command.last_error_line()[:120]}")
-    elif code in (1, 2):
-        out.notes.append(command.last_error_line().removeprefix("eqsched: error: ")[:60])
+    elif code == 2:
+        if not command.last_error_line().startswith("eqsched: error: "):
+            out.problems.append(f"exit 2 without a one-line error: "
+                                f"{command.last_error_line()[:120]}")
+        out.notes.append(command.last_error_line().removeprefix("eqsched: error: ")[:70])
+    elif code == 1:  # a batch with a failed job: its row says why
+        failed = [ln.split("(", 1)[-1] for ln in command.stderr.read_text().splitlines()
+                  if ln.strip().startswith("failed:")]
+        if not failed:
+            out.problems.append(f"exit 1 without a failed job: {command.last_error_line()[:120]}")
+        out.notes.extend(f"a job failed: {why[:70]}" for why in failed)
 
 
 def count_measurements(first: list[dict], second: list[dict], after_fault: set[str],

@@ -341,3 +341,23 @@ def test_what_tasks_stored_before_their_driver_was_killed_is_merged_by_the_next_
     assert not tasks_dir(db).exists()
     with Database(db) as d:
         assert [r["status"] for r in d.runs()] == ["interrupted"] * 2 + ["done"] * 2
+
+
+def test_a_task_that_cannot_hand_back_its_rows_says_so_in_one_line(tmp_path, capfd):
+    import multiprocessing
+
+    from eqsched.tools import batch
+
+    job = suite(TINY.replace('[[16, 16, 16], "small"]', '[[8, 8, 8]]\nrules = "reorder"')).jobs[0]
+    work_dir = tmp_path / "job0-0"
+    work_dir.mkdir()  # no snapshot_runs.json: its rows cannot be exported (a full disk, say)
+    task = multiprocessing.get_context("spawn").Process(
+        target=batch._process_main, args=(job, str(work_dir), os.getpid()))
+    task.start()
+    task.join(timeout=300)
+    assert task.exitcode == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines() == [
+        f"eqsched: error: {job.key}: [Errno 2] No such file or directory: "
+        f"'{work_dir / batch.SNAPSHOT_RUNS}'"]

@@ -357,8 +357,10 @@ def tasks_dir(db_path: str | Path) -> Path:
 
 @contextlib.contextmanager
 def _driver_scratch(db_path: str) -> Iterator[Path]:
-    """This driver's directory for its tasks' databases (in `tasks_dir`), locked while it lives
-    and removed when it ends; a driver killed outright leaves it to `_recover_tasks`."""
+    """This driver's directory for its tasks' databases (in `tasks_dir`), locked while it lives.
+    Removed when it ends unless a task's database in it was not merged (the database could not
+    be written, say): that, like the directory of a driver killed outright, is left to
+    `_recover_tasks`."""
     root = tasks_dir(db_path)
     for attempt in (1, 2):
         root.mkdir(exist_ok=True)
@@ -376,7 +378,9 @@ def _driver_scratch(db_path: str) -> Iterator[Path]:
         os.rename(scratch / f"{_DRIVER_LOCK}.new", scratch / _DRIVER_LOCK)
         yield scratch
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        # A task's directory is removed once its rows are merged: one still here was not.
+        if not any(p.is_dir() for p in scratch.iterdir()):
+            shutil.rmtree(scratch, ignore_errors=True)
         lock.close()
         with contextlib.suppress(OSError):  # not empty: another driver's directory is there
             root.rmdir()
@@ -423,8 +427,13 @@ def _process_main(job: Job, work_dir: str, driver: int) -> None:
     # Ctrl-C during the exploration stops it after its current measurement and marks its run
     # interrupted; before it, it ends the process, and the driver calls the job interrupted.
     signal.signal(signal.SIGINT, _interrupt_once)
-    row = _task(job, work_dir)
-    (Path(work_dir) / TASK_RESULT).write_text(json.dumps(row))
+    try:
+        row = _task(job, work_dir)
+        (Path(work_dir) / TASK_RESULT).write_text(json.dumps(row))
+    except Exception as e:  # its exploration's failures are in its row: this is handing it back
+        # One line, not multiprocessing's traceback; the driver tries again (a full disk, say).
+        print(f"eqsched: error: {job.key}: {e}".splitlines()[0], file=sys.stderr)
+        sys.exit(1)
 
 
 def _interrupt_once(signum: int, frame: Any) -> None:
@@ -683,7 +692,8 @@ def _cmd_batch(args: Any) -> int:
         def show(event: str, row: dict[str, Any]) -> None:
             if event == "recovered":
                 print(f"eqsched: merged {row['measurements']} measurements that tasks of an "
-                      f"earlier batch stored before its driver was killed", file=sys.stderr)
+                      f"earlier batch stored but did not hand back (its driver was killed or "
+                      f"failed)", file=sys.stderr)
                 return
             gf = row["best_gflops"]
             status = "retrying" if event == "retry" else row["status"]
