@@ -435,6 +435,15 @@ def stored_results(db_path: Path) -> set[str]:
                 for r in db.records(target=None) if r.error_kind != TRANSIENT}
 
 
+def run_ids(db_path: Path) -> set[int]:
+    from eqsched.db import Database
+
+    if not db_path.exists():
+        return set()
+    with Database(db_path, readonly=True) as db:
+        return {run["id"] for run in db.runs()}
+
+
 def run_trial(scenario: Scenario, fault: str, rng: random.Random, work: Path,
               moment: Moment) -> Outcome:
     """`scenario` with `fault` at `moment`, then again to completion; what it cost."""
@@ -462,7 +471,7 @@ def run_trial(scenario: Scenario, fault: str, rng: random.Random, work: Path,
         judge_first_exit(fault, code, first, out)
         if disk is not None:
             disk.free()
-        after_fault = stored_results(db)
+        after_fault, first_runs = stored_results(db), run_ids(db)
         second = Command.start(args, cwd=cwd, tag=f"{os.getpid()}-{work.name}-2",
                                journal=journals[1], out=work / "second")
         code = second.wait(limit_s=600)
@@ -475,7 +484,7 @@ def run_trial(scenario: Scenario, fault: str, rng: random.Random, work: Path,
         count_measurements(first_events, second_events, after_fault, stored_results(db),
                            killed, out)
         injected = check_injected(fault, first_events, out)
-        check_runs(db, scenario, injected, out)
+        check_runs(db, scenario, injected, first_runs, out)
     return out
 
 
@@ -583,8 +592,9 @@ def count_measurements(first: list[dict], second: list[dict], after_fault: set[s
         out.notes.append(f"{refused} refused by the full disk")
 
 
-def check_injected(fault: str, first: list[dict], out: Outcome) -> set[str]:
-    """Each broken candidate's error and kind; the identities of the broken candidates."""
+def check_injected(fault: str, first: list[dict], out: Outcome) -> dict[str, str]:
+    """Each broken candidate's error and kind; the broken candidates' program hashes, with the
+    kind of what their measurement stored."""
     broken_ones = [e for e in first if e["event"] == "received" and e.get("injected")]
     if fault in KERNEL_FAULTS and not broken_ones:
         out.notes.append("no broken candidate was measured")
@@ -600,11 +610,14 @@ def check_injected(fault: str, first: list[dict], out: Outcome) -> set[str]:
                                 f"{errors[0][:80]}")
     if broken_ones:
         out.notes.append(f"{len(broken_ones)} broken")
-    return {json.loads(e["id"])[0] for e in broken_ones}
+    return {json.loads(e["id"])[0]: e["kind"] for e in broken_ones}
 
 
-def check_runs(db_path: Path, scenario: Scenario, injected: set[str], out: Outcome) -> None:
-    """Runs left running, jobs not done, and every done run's best rebuilt and checked."""
+def check_runs(db_path: Path, scenario: Scenario, injected: dict[str, str], first_runs: set[int],
+               out: Outcome) -> None:
+    """Runs left running, jobs not done, and every done run's best rebuilt and checked. A broken
+    candidate must not be the best of the faulted command's runs; nor of the rerun's unless its
+    broken measurement was transient (the rerun measured the real program then)."""
     from eqsched.db import ABANDONED, Database
 
     with Database(db_path, readonly=True) as db:
@@ -632,7 +645,9 @@ def check_runs(db_path: Path, scenario: Scenario, injected: set[str], out: Outco
     for run in runs:
         best = run["summary"].get("best_hash")
         if run["status"] == "done" and best is not None:
-            problem = best_problem(run, best, records, injected)
+            broken_here = {h for h, kind in injected.items()
+                           if run["id"] in first_runs or kind != TRANSIENT}
+            problem = best_problem(run, best, records, broken_here)
             if problem:
                 out.wrong_best += 1
                 out.problems.append(problem)

@@ -1,6 +1,7 @@
 """Batch exploration: suites parse and cross, jobs run in worker processes or Ray tasks, and a
 batch resumes from the database without measuring anything twice."""
 
+import json
 import os
 import signal
 import subprocess
@@ -361,3 +362,23 @@ def test_a_task_that_cannot_hand_back_its_rows_says_so_in_one_line(tmp_path, cap
     assert err.strip().splitlines() == [
         f"eqsched: error: {job.key}: [Errno 2] No such file or directory: "
         f"'{work_dir / batch.SNAPSHOT_RUNS}'"]
+
+
+def test_ctrl_c_while_the_tasks_start_up_interrupts_them_without_a_traceback(tmp_path):
+    import psutil
+
+    (tmp_path / "s.toml").write_text(TINY.replace("[defaults]", '[defaults]\nrules = "reorder"'))
+    proc = subprocess.Popen([sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2",
+                             "--db", "b.db", "--json"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = psutil.Process(proc.pid)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not any(
+            "spawn_main" in " ".join(p.cmdline()) for p in driver.children()):
+        time.sleep(0.01)
+    time.sleep(0.3)  # the task is importing (a second or more), with Python's SIGINT handler
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "interrupted" in {row["status"] for row in json.loads(out)["rows"]}

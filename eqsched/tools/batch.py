@@ -251,11 +251,11 @@ def _config_of(run: dict) -> Any:
 def explore_job(job: Job, db_path: str) -> dict[str, Any]:
     """Explore one job into the database at `db_path` (in a batch, the task's private copy);
     returns its summary row. Never raises for a failed exploration: the error is the row's."""
-    from ..explore import explore
-    from ..trials import Settings
-
     c = job.settings()
     try:
+        from ..explore import explore  # a second or more: Ctrl-C may come meanwhile
+        from ..trials import Settings
+
         result = explore(job.workload, job.size, trials=c["trials"], seconds=c["seconds"],
                          db=db_path, seed=c["seed"], cost_model=c["cost_model"],
                          rules=c["rules"], batch=c["batch"],
@@ -425,15 +425,36 @@ def _process_main(job: Job, work_dir: str, driver: int) -> None:
     if os.getppid() != driver:  # the driver died before the signal was asked for
         os._exit(1)
     # Ctrl-C during the exploration stops it after its current measurement and marks its run
-    # interrupted; before it, it ends the process, and the driver calls the job interrupted.
+    # interrupted; before it, the job is interrupted with nothing to hand back. The process
+    # starts with SIGINT blocked (`_start_task`): one that came while it was starting up, when
+    # it would have been Python's KeyboardInterrupt traceback, is delivered here.
     signal.signal(signal.SIGINT, _interrupt_once)
     try:
-        row = _task(job, work_dir)
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            row = _task(job, work_dir)
+        except KeyboardInterrupt:  # before its exploration was under way
+            row = _row(job, "interrupted", {}, note="interrupted while starting")
         (Path(work_dir) / TASK_RESULT).write_text(json.dumps(row))
     except Exception as e:  # its exploration's failures are in its row: this is handing it back
         # One line, not multiprocessing's traceback; the driver tries again (a full disk, say).
         print(f"eqsched: error: {job.key}: {e}".splitlines()[0], file=sys.stderr)
         sys.exit(1)
+
+
+def _start_task(process: multiprocessing.process.BaseProcess) -> None:
+    """Start a task process with SIGINT blocked: until `_process_main` takes it over, a Ctrl-C
+    would be Python's KeyboardInterrupt traceback (importing takes a second or more). The mask
+    is inherited across the spawn; `multiprocessing`'s resource tracker, started first, would
+    unblock it when it starts its own process."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _interrupt_once(signum: int, frame: Any) -> None:
@@ -467,7 +488,7 @@ def _run_local(jobs: list[Job], db_path: str, workers: int, scratch: Path, say: 
                 process = context.Process(target=_process_main,
                                           args=(job, str(work_dir), os.getpid()),
                                           daemon=True)
-                process.start()
+                _start_task(process)
                 running[process] = (job, attempt, work_dir)
             ended = wait_for([p.sentinel for p in running])
             for process in [p for p in running if p.sentinel in ended]:
