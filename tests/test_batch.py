@@ -382,3 +382,20 @@ def test_ctrl_c_while_the_tasks_start_up_interrupts_them_without_a_traceback(tmp
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert "interrupted" in {row["status"] for row in json.loads(out)["rows"]}
+
+
+def test_a_batch_that_cannot_write_its_tasks_files_says_so_in_one_line(tmp_path, monkeypatch,
+                                                                       capsys):
+    import errno
+
+    from eqsched.cli import main
+    from eqsched.tools import batch
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "b.db.tasks"))
+
+    monkeypatch.setattr(batch.tempfile, "mkdtemp", full)  # the driver's directory, a full disk
+    (tmp_path / "s.toml").write_text(TINY)
+    assert main(["batch", str(tmp_path / "s.toml"), "--db", str(tmp_path / "b.db")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"eqsched: error: cannot write {tmp_path / 'b.db.tasks'} (No space left on device)")

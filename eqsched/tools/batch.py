@@ -726,6 +726,9 @@ def _cmd_batch(args: Any) -> int:
                            progress=show)
     except (BatchError, DatabaseError) as err:
         raise CliError(str(err)) from None
+    except OSError as err:  # the tasks' files beside the database: a full disk, say
+        raise CliError(f"cannot write {err.filename or 'the tasks files'} ({err.strerror})"
+                       ) from None
     print(json.dumps(result.to_json()) if args.json else result.table())
     if result.interrupted:
         print("eqsched: interrupted; every measurement so far is in the database, run the same "
