@@ -25,6 +25,8 @@ every record it stores, and, for the kernel faults, hands the worker a broken pr
 some candidates (the library has no test hook; the batch's task processes import this file as
 their main module and so are instrumented the same way). Then, per trial:
 
+  measured      measurements the faulted commands took + those their reruns took (a kill
+                early leaves more for the rerun)
   lost          measurements received before the fault that are not in the database after the
                 rerun, or that were missing after the fault and the rerun measured again. Not
                 counted: a result received by a process killed with SIGKILL before it stored it
@@ -52,6 +54,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -171,7 +174,10 @@ def instrument() -> None:
 
 
 def drive(args: list[str]) -> int:
-    """`eqsched ARGS`, instrumented when JOURNAL_ENV is set."""
+    """`eqsched ARGS`, instrumented when JOURNAL_ENV is set. SIGINT is Python's default, as
+    in a terminal: started from a background shell, the harness and so this process would
+    ignore it, and a Ctrl-C would change nothing."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get(JOURNAL_ENV):
         instrument()
     from eqsched.cli import main as eqsched
@@ -396,6 +402,7 @@ class Moment:
 class Outcome:
     """What one trial counted, and what else went wrong (`problems`) or is worth saying."""
 
+    measured: tuple[int, int] = (0, 0)  # by the faulted command, by the rerun
     lost: int = 0
     twice: int = 0
     orphans: int = 0
@@ -464,11 +471,11 @@ def run_trial(scenario: Scenario, fault: str, rng: random.Random, work: Path,
         journals = [work / "journal-1.jsonl", work / "journal-2.jsonl"]
         first = Command.start(args, cwd=cwd, tag=f"{os.getpid()}-{work.name}-1",
                               journal=journals[0], out=work / "first", inject=inject)
-        killed = strike(fault, first, moment, journals[0], disk, out)
+        struck, killed = strike(fault, first, moment, journals[0], disk, out)
         code = first.wait(limit_s=600)
         out.orphans += reap_orphans(first.tag)
         out.tracebacks += first.tracebacks()
-        judge_first_exit(fault, code, first, out)
+        judge_first_exit(fault, code, struck, first, out)
         if disk is not None:
             disk.free()
         after_fault, first_runs = stored_results(db), run_ids(db)
@@ -481,6 +488,8 @@ def run_trial(scenario: Scenario, fault: str, rng: random.Random, work: Path,
             out.unfinished += 1
             out.problems.append(f"the rerun exited {code}: {second.last_error_line()[:120]}")
         first_events, second_events = events(journals[0]), events(journals[1])
+        out.measured = tuple(sum(e["event"] == "received" for e in run)
+                             for run in (first_events, second_events))
         count_measurements(first_events, second_events, after_fault, stored_results(db),
                            killed, out)
         injected = check_injected(fault, first_events, out)
@@ -489,39 +498,40 @@ def run_trial(scenario: Scenario, fault: str, rng: random.Random, work: Path,
 
 
 def strike(fault: str, command: Command, moment: Moment, journal: Path,
-           disk: SmallDisk | None, out: Outcome) -> set[int]:
-    """Deliver an external fault at `moment`; the pids it killed with SIGKILL (whatever they had
-    received but not stored is in flight, not lost)."""
+           disk: SmallDisk | None, out: Outcome) -> tuple[bool, set[int]]:
+    """Deliver an external fault at `moment`: whether it struck the running command, and the
+    pids it killed with SIGKILL (whatever they had received but not stored is in flight, not
+    lost)."""
     if fault not in EXTERNAL:
-        return set()
+        return False, set()
     while not command.ended() and (
             time.monotonic() - command.started < moment.after_s
             or sum(e["event"] == "received" for e in events(journal)) < moment.after_received):
         time.sleep(0.02)
     if command.ended():
         out.notes.append("ended before the fault")
-        return set()
+        return False, set()
     pid = command.process.pid
     if fault == "full-disk":
         disk.fill()
-        return set()
+        return True, set()
     if fault in ("kill9", "sigterm"):
         alive = set(tagged_processes(command.tag))
         os.kill(pid, signal.SIGKILL if fault == "kill9" else signal.SIGTERM)
-        return alive if fault == "kill9" else set()  # its children die with it
+        return True, alive if fault == "kill9" else set()  # its children die with it
     if fault == "sigint":
         os.killpg(pid, signal.SIGINT)
-        return set()
+        return True, set()
     pattern = "_worker_main" if fault == "worker-kill9" else "spawn_main"
     victim = first_matching(command.tag, pattern, command.ended)
     if victim is None:
         out.notes.append(f"no {fault.removesuffix('-kill9')} process to kill")
-        return set()
+        return False, set()
     children = {p for p, cmd in tagged_processes(command.tag).items() if p != victim and
                 _parent(p) == victim}
     with contextlib.suppress(ProcessLookupError):
         os.kill(victim, signal.SIGKILL)
-    return {victim, *children}
+    return True, {victim, *children}
 
 
 def _parent(pid: int) -> int | None:
@@ -531,13 +541,16 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def judge_first_exit(fault: str, code: int | None, command: Command, out: Outcome) -> None:
+def judge_first_exit(fault: str, code: int | None, struck: bool, command: Command,
+                     out: Outcome) -> None:
     """The faulted command's exit status must be what the fault allows."""
-    allowed = {"kill9": {-signal.SIGKILL, 0},
+    allowed = {"kill9": {-signal.SIGKILL},
                # SIGTERM before eqsched's handler is in place ends Python at once (-15)
-               "sigterm": {130, 0, -signal.SIGTERM}, "sigint": {130, 0},
+               "sigterm": {130, -signal.SIGTERM}, "sigint": {130},
                # a batch whose job failed on the full disk exits 1, a failed command 2
                "full-disk": {0, 1, 2}}.get(fault, {0})
+    if fault in EXTERNAL and not struck:
+        allowed = {0}  # it ended first
     if code is None:
         out.problems.append("the faulted command did not end within 600 s")
     elif code not in allowed:
@@ -547,13 +560,18 @@ def judge_first_exit(fault: str, code: int | None, command: Command, out: Outcom
         if not command.last_error_line().startswith("eqsched: error: "):
             out.problems.append(f"exit 2 without a one-line error: "
                                 f"{command.last_error_line()[:120]}")
-        out.notes.append(command.last_error_line().removeprefix("eqsched: error: ")[:70])
+        out.notes.append(_pathless(command.last_error_line().removeprefix("eqsched: error: ")))
     elif code == 1:  # a batch with a failed job: its row says why
         failed = [ln.split("(", 1)[-1] for ln in command.stderr.read_text().splitlines()
                   if ln.strip().startswith("failed:")]
         if not failed:
             out.problems.append(f"exit 1 without a failed job: {command.last_error_line()[:120]}")
-        out.notes.extend(f"a job failed: {why[:70]}" for why in failed)
+        out.notes.extend(f"a job failed: {_pathless(why)}" for why in failed)
+
+
+def _pathless(message: str) -> str:
+    """`message` with each absolute path cut to its file name (the table groups equal notes)."""
+    return re.sub(r"/\S*/", "", message)[:90]
 
 
 def count_measurements(first: list[dict], second: list[dict], after_fault: set[str],
@@ -699,15 +717,16 @@ def clean_run_seconds(scenario: Scenario, work: Path) -> float:
     return time.monotonic() - started
 
 
-HEAD = ("fault", "scenario", "trials", "lost", "twice", "orphans", "left running", "wrong best",
-        "tracebacks", "unfinished", "notes")
+HEAD = ("fault", "scenario", "trials", "measured", "lost", "twice", "orphans", "left running",
+        "wrong best", "tracebacks", "unfinished", "notes")
 
 
 def table(rows: Iterable[tuple[str, str, list[Outcome]]]) -> str:
     lines = [HEAD]
     for fault, scenario, outcomes in rows:
         notes = Counter(n for o in outcomes for n in [*o.problems, *o.notes])
-        lines.append((fault, scenario, str(len(outcomes)),
+        measured = [sum(o.measured[i] for o in outcomes) for i in (0, 1)]
+        lines.append((fault, scenario, str(len(outcomes)), "+".join(map(str, measured)),
                       *(str(sum(getattr(o, c) for o in outcomes)) for c in Outcome.COUNTS),
                       "; ".join(f"{n} (x{k})" if k > 1 else n for n, k in notes.items())))
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEAD) - 1)]
