@@ -19,11 +19,12 @@ Faults (FAULTS), each on `eqsched explore` and on `eqsched batch --jobs 2` (two 
   stray-module  a statistics.py and a numpy.py that raise, in the current directory
 
 A moment is drawn from a seeded RNG over the duration of a clean run of the same scenario
-(measured first). The command runs as `python bench/faults.py drive ARGS`: the real command line
-(`eqsched.cli.main`), in a process that journals every measurement it receives from a worker and
-every record it stores, and, for the kernel faults, hands the worker a broken program in place of
-some candidates (the library has no test hook; the batch's task processes import this file as
-their main module and so are instrumented the same way). Then, per trial:
+(measured first). The command runs as `python bench/faults.py drive ARGS`: the real command
+(`eqsched.__main__.run`, what `eqsched` runs), in a process that journals every measurement it
+receives from a worker and every record it stores, and, for the kernel faults, hands the worker a
+broken program in place of some candidates (the library has no test hook; the batch's task
+processes import this file as their main module and so are instrumented the same way). Then,
+per trial:
 
   measured      measurements the faulted commands took + those their reruns took (a kill
                 early leaves more for the rerun)
@@ -174,15 +175,19 @@ def instrument() -> None:
 
 
 def drive(args: list[str]) -> int:
-    """`eqsched ARGS`, instrumented when JOURNAL_ENV is set. SIGINT is Python's default, as
-    in a terminal: started from a background shell, the harness and so this process would
-    ignore it, and a Ctrl-C would change nothing."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if os.environ.get(JOURNAL_ENV):
-        instrument()
-    from eqsched.cli import main as eqsched
+    """`eqsched ARGS` (the command's entry point, `eqsched.__main__.run`), instrumented when
+    JOURNAL_ENV is set. SIGINT is Python's default, as in a terminal: started from a background
+    shell, the harness and so this process would ignore it, and a Ctrl-C would change nothing.
+    A Ctrl-C while `instrument` imports eqsched ends the process as one while the command
+    imports itself does."""
+    from eqsched import __main__ as command
 
-    return eqsched(args)
+    sys.argv[1:] = args
+    if os.environ.get(JOURNAL_ENV):
+        signal.signal(signal.SIGINT, command._interrupted_while_starting)
+        instrument()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return command.run()
 
 
 # A batch's task processes are spawned: they import this file as `__mp_main__`, not `__main__`.
@@ -544,9 +549,10 @@ def _parent(pid: int) -> int | None:
 def judge_first_exit(fault: str, code: int | None, struck: bool, command: Command,
                      out: Outcome) -> None:
     """The faulted command's exit status must be what the fault allows."""
-    allowed = {"kill9": {-signal.SIGKILL},
-               # SIGTERM before eqsched's handler is in place ends Python at once (-15)
-               "sigterm": {130, -signal.SIGTERM}, "sigint": {130},
+    # A signal before eqsched's handler is in place (Python starting) or after it is gone
+    # (Python ending, the command's work done) ends the process at once.
+    allowed = {"kill9": {-signal.SIGKILL}, "sigterm": {130, -signal.SIGTERM},
+               "sigint": {130, -signal.SIGINT},
                # a batch whose job failed on the full disk exits 1, a failed command 2
                "full-disk": {0, 1, 2}}.get(fault, {0})
     if fault in EXTERNAL and not struck:
