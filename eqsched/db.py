@@ -720,7 +720,8 @@ class Database:
     def export_jsonl(self, path: str | os.PathLike, run_ids: Collection[int] | None = None
                      ) -> int:
         """Write every run and measurement (all machines) as JSON lines, or only the runs in
-        `run_ids` and their measurements; returns the line count."""
+        `run_ids` and their measurements; returns the line count. A file that cannot be written
+        is a DatabaseError."""
         # One snapshot, so that no exported measurement refers to a run started after the runs
         # were read.
         with self._sql("export"), self._transaction("DEFERRED"):
@@ -729,12 +730,15 @@ class Database:
         if run_ids is not None:
             runs = [run for run in runs if run["id"] in run_ids]
             records = [record for record in records if record.run_id in run_ids]
-        with open(path, "w") as f:
-            for run in runs:
-                f.write(json.dumps({"type": "run", **run}, sort_keys=True) + "\n")
-            for record in records:
-                f.write(json.dumps({"type": "measurement", **dataclasses.asdict(record)},
-                                   sort_keys=True) + "\n")
+        try:
+            with open(path, "w") as f:
+                for run in runs:
+                    f.write(json.dumps({"type": "run", **run}, sort_keys=True) + "\n")
+                for record in records:
+                    f.write(json.dumps({"type": "measurement", **dataclasses.asdict(record)},
+                                       sort_keys=True) + "\n")
+        except OSError as e:  # a full disk, a missing or read-only directory
+            raise DatabaseError(f"cannot write {path} ({e.strerror})") from None
         return len(runs) + len(records)
 
     def import_jsonl(self, path: str | os.PathLike) -> int:

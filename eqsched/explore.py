@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import machine
 from .backend import Target
-from .db import Database
+from .db import Database, DatabaseError
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
 from .egraph.term import vector_lanes
@@ -247,7 +247,13 @@ def _recorded(database: Database, result: ExploreResult, budget: _Budget) -> Ite
         raise
     finally:
         result.wall_s = time.perf_counter() - budget.started
-        database.finish_run(result.run_id, status=status, summary=_summary(result))
+        try:
+            database.finish_run(result.run_id, status=status, summary=_summary(result))
+        except DatabaseError:
+            # Failing already (a full disk failed a measurement's store first): that error is
+            # the one to report. The run stays `running`, shown `abandoned`, and resumes.
+            if status != "failed":
+                raise
 
 
 @dataclass

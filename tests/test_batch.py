@@ -1,6 +1,7 @@
 """Batch exploration: suites parse and cross, jobs run in worker processes or Ray tasks, and a
 batch resumes from the database without measuring anything twice."""
 
+import json
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from eqsched.db import Database
-from eqsched.tools.batch import BatchError, Suite, run_batch
+from eqsched.tools.batch import BatchError, Suite, run_batch, tasks_dir
 
 TINY = """
 [defaults]
@@ -154,31 +155,42 @@ def test_a_batch_runs_every_job_and_a_rerun_takes_them_from_the_database(tiny_ba
     assert "from db" in again.table()
 
 
+def task_records(db) -> dict[str, list]:
+    """The measurements in each task database of the batches on `db` (beside it, in
+    `b.db.tasks/driver-*/job*/task.db`), by the task's directory."""
+    found = {}
+    for task_db in sorted(tasks_dir(db).glob("driver-*/job*/task.db")):
+        try:
+            with Database(task_db, readonly=True) as d:
+                found[task_db.parent.name] = d.records()
+        except Exception:  # a copy not yet complete, or removed as its job ended
+            pass
+    return found
+
+
+def wait_until_both_tasks_measured(db, proc, fewest: int = 2) -> None:
+    """Each job explores into its own copy of the database until it ends: wait until both
+    copies hold `fewest` measurements or more (the naive program's first) and one holds a
+    candidate's."""
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        counts = [len(records) for records in task_records(db).values()]
+        if len(counts) == 2 and min(counts) >= fewest and max(counts) >= 2:
+            return
+    raise AssertionError("the batch's tasks did not measure in time")
+
+
 def test_ctrl_c_stops_the_batch_and_a_rerun_resumes_without_remeasuring(tmp_path):
     longer = TINY.replace("trials = 2", "trials = 4")  # two rounds: one to interrupt
     (tmp_path / "s.toml").write_text(
         longer.replace('[[16, 16, 16], "small"]', "[[32, 32, 32], [48, 32, 16]]"))
     cmd = [sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2", "--db", "b.db"]
-    # Each job explores into its own copy of the database under TMPDIR until it ends: wait
-    # until both have measured something (the naive program) and one a candidate. Their first
-    # rounds search for 7-25 s each, not in step: both with a candidate stored took 8 trials.
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     proc = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(scratch)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-        counts = []
-        for task_db in scratch.glob("eqsched-batch-*/job*/task.db"):
-            try:
-                with Database(task_db, readonly=True) as d:
-                    counts.append(len(d.records()))
-            except Exception:  # a copy not yet complete, or removed as its job ended
-                pass
-        if len(counts) == 2 and min(counts) >= 1 and max(counts) >= 2:
-            break
+    # Their first rounds search for seconds each, not in step: waiting for a candidate stored
+    # in both took 8 trials.
+    wait_until_both_tasks_measured(tmp_path / "b.db", proc, fewest=1)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 130, err
@@ -261,7 +273,9 @@ def test_tasks_are_never_told_where_the_batch_database_is(tiny_batch):
     db, _, told = tiny_batch
     assert len(told) == 2
     for job, work_dir, driver in told:
-        assert str(db) not in work_dir and (batch.Path(work_dir).parent != db.parent)
+        # Its own copy beside the database, in this driver's directory; never the database.
+        assert batch.Path(work_dir).parent.parent == tasks_dir(db)
+        assert str(db) not in (str(job), driver) and batch.Path(work_dir) != db
     assert len(measured_hashes(db)) == 2 * 3  # with the naive programs: merged by the driver
 
 
@@ -327,3 +341,90 @@ def test_task_processes_and_their_workers_die_with_a_killed_driver(tmp_path):
     for p in alive:  # cleans up after a failure; the assertion below reports it
         p.kill()
     assert alive == []
+
+
+def test_what_tasks_stored_before_their_driver_was_killed_is_merged_by_the_next_batch(tmp_path):
+    longer = TINY.replace("trials = 2", "trials = 8").replace("batch = 2", "batch = 3")
+    (tmp_path / "s.toml").write_text(
+        longer.replace('[[16, 16, 16], "small"]', "[[32, 32, 32], [48, 32, 16]]"))
+    db = tmp_path / "b.db"
+    proc = subprocess.Popen([sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2",
+                             "--db", "b.db"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_both_tasks_measured(db, proc)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # kill -9: nothing merges the tasks' copies
+        proc.wait(timeout=30)
+    time.sleep(1.0)  # the tasks die with the driver (their parent-death signal)
+    left = {r.program_hash for records in task_records(db).values() for r in records}
+    assert len(left) >= 4 and measured_hashes(db) == []
+    events = []
+    result = run_batch(Suite.load(tmp_path / "s.toml"), db, jobs=2,
+                       progress=lambda event, data: events.append((event, data)))
+    assert events[0] == ("recovered", {"measurements": len(left)})
+    assert [r["status"] for r in result.rows] == ["done", "done"]
+    after = measured_hashes(db)
+    assert left <= set(after) and len(set(after)) == len(after)
+    # What the killed batch's tasks measured is not measured again, and nothing is left behind.
+    assert sum(r["measured"] for r in result.rows) == len(after) - len(left)
+    assert not tasks_dir(db).exists()
+    with Database(db) as d:
+        assert [r["status"] for r in d.runs()] == ["interrupted"] * 2 + ["done"] * 2
+
+
+def test_a_task_that_cannot_hand_back_its_rows_says_so_in_one_line(tmp_path, capfd):
+    import multiprocessing
+
+    from eqsched.tools import batch
+
+    job = suite(TINY.replace('[[16, 16, 16], "small"]', '[[8, 8, 8]]\nrules = "reorder"')).jobs[0]
+    work_dir = tmp_path / "job0-0"
+    work_dir.mkdir()  # no snapshot_runs.json: its rows cannot be exported (a full disk, say)
+    task = multiprocessing.get_context("spawn").Process(
+        target=batch._process_main, args=(job, str(work_dir), os.getpid()))
+    task.start()
+    task.join(timeout=300)
+    assert task.exitcode == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines() == [
+        f"eqsched: error: {job.key}: [Errno 2] No such file or directory: "
+        f"'{work_dir / batch.SNAPSHOT_RUNS}'"]
+
+
+def test_ctrl_c_while_the_tasks_start_up_interrupts_them_without_a_traceback(tmp_path):
+    import psutil
+
+    (tmp_path / "s.toml").write_text(TINY.replace("[defaults]", '[defaults]\nrules = "reorder"'))
+    proc = subprocess.Popen([sys.executable, "-m", "eqsched", "batch", "s.toml", "--jobs", "2",
+                             "--db", "b.db", "--json"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = psutil.Process(proc.pid)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not any(
+            "spawn_main" in " ".join(p.cmdline()) for p in driver.children()):
+        time.sleep(0.01)
+    time.sleep(0.3)  # the task is importing (a second or more), with Python's SIGINT handler
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "interrupted" in {row["status"] for row in json.loads(out)["rows"]}
+
+
+def test_a_batch_that_cannot_write_its_tasks_files_says_so_in_one_line(tmp_path, monkeypatch,
+                                                                       capsys):
+    import errno
+
+    from eqsched.cli import main
+    from eqsched.tools import batch
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "b.db.tasks"))
+
+    monkeypatch.setattr(batch.tempfile, "mkdtemp", full)  # the driver's directory, a full disk
+    (tmp_path / "s.toml").write_text(TINY)
+    assert main(["batch", str(tmp_path / "s.toml"), "--db", str(tmp_path / "b.db")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"eqsched: error: cannot write {tmp_path / 'b.db.tasks'} (No space left on device)")

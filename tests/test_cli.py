@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -50,6 +52,24 @@ def test_workloads_lists_names_params_and_default_sizes():
     assert proc.returncode == 0
     assert any(line.split()[:3] == ["matmul", "M,N,K", "512,512,512"]
                for line in proc.stdout.splitlines())
+
+
+def test_ctrl_c_while_the_command_starts_is_its_interrupt_not_a_traceback():
+    # Importing the command line takes a second or more: a Ctrl-C 0.3 s in lands there, where
+    # it had been Python's KeyboardInterrupt traceback from inside some import.
+    proc = subprocess.Popen([sys.executable, "-m", "eqsched", "workloads", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err.strip()) == (130, "", "eqsched: interrupted")
+
+
+def test_the_eqsched_command_runs_the_guarded_entry_point():
+    scripts = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert scripts["project"]["scripts"] == {"eqsched": "eqsched.__main__:run"}
 
 
 def test_workloads_json_is_a_list_of_objects():

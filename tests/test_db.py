@@ -389,6 +389,13 @@ def test_an_empty_file_becomes_a_database(tmp_path):
 # ---- JSON lines ----------------------------------------------------------------------------
 
 
+def test_an_export_that_cannot_be_written_is_a_database_error(db, tmp_path):
+    # The batch's tasks export their rows beside a database whose disk may fill up: an
+    # OSError there was an "internal error" of the command line.
+    with pytest.raises(DatabaseError, match=r"cannot write .*nowhere/x.jsonl \(No such file"):
+        db.export_jsonl(tmp_path / "nowhere" / "x.jsonl")
+
+
 def test_export_then_import_gives_equal_records_and_runs(db, tmp_path):
     run = start(db)
     db.add(record("h1", run_id=run, round=0))

@@ -12,7 +12,7 @@ import eqsched.explore as explore_module
 from eqsched import machine
 from eqsched.backend import CompileOptions, Target, TargetError, compile_program
 from eqsched.backend import target as target_module
-from eqsched.db import Database
+from eqsched.db import Database, DatabaseError
 from eqsched.explore import (
     ExploreError,
     Settings,
@@ -301,6 +301,32 @@ def test_a_run_that_fails_is_marked_failed_and_keeps_its_measurements(tmp_path):
     with Database(db) as d:
         assert d.runs("matmul", SIZE)[0]["status"] == "failed"
         assert len(d.records("matmul", SIZE)) == 8
+
+
+class FillingDisk(Database):
+    """A database whose disk is full after `room` measurements: stores and the run's status
+    fail as SQLite's do then."""
+
+    room = 2
+
+    def add(self, record):
+        if self.room == 0:
+            raise DatabaseError(f"{self.path}: add failed (database or disk is full)")
+        self.room -= 1
+        return super().add(record)
+
+    def finish_run(self, run_id, **kwargs):
+        if self.room == 0:
+            raise DatabaseError(f"{self.path}: finish_run failed (database or disk is full)")
+        return super().finish_run(run_id, **kwargs)
+
+
+def test_a_store_that_fails_is_the_error_reported_and_what_was_stored_stays(tmp_path):
+    with FillingDisk(tmp_path / "x.db") as db:
+        with pytest.raises(DatabaseError, match="add failed"):  # not the status it could not set
+            run(db)
+        assert len(db.records("matmul", SIZE)) == 2
+        assert db.runs()[0]["status"] == "running"  # shown abandoned once this process is gone
 
 
 def test_the_learned_model_starts_from_the_databases_measurements(tmp_path):

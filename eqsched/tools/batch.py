@@ -26,7 +26,9 @@ database, which only this process (the driver) writes: a job explores into a sna
 sends its rows back. An exploration whose run already finished in the database is not run again;
 an interrupted one is re-run and measures nothing it already stored. `--jobs` local processes,
 one per job, run at once; `--executor ray` hands the same jobs to Ray tasks instead. A job whose
-process dies is retried once; the others go on.
+process dies is retried once; the others go on. The snapshots live beside the database
+(`runs.db.tasks/`) while the batch runs; when the driver is killed outright, the next batch on
+the database merges what its tasks stored.
 
     suite = Suite.load("suite.toml")
     result = run_batch(suite, "runs.db", jobs=2)
@@ -37,7 +39,9 @@ See docs/ARCHITECTURE.md §10 Exploration.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import itertools
 import json
 import multiprocessing
@@ -48,7 +52,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,11 +283,11 @@ def _config_of(run: dict) -> Any:
 def explore_job(job: Job, db_path: str) -> dict[str, Any]:
     """Explore one job into the database at `db_path` (in a batch, the task's private copy);
     returns its summary row. Never raises for a failed exploration: the error is the row's."""
-    from ..explore import explore
-    from ..trials import Settings
-
     c = job.settings()
     try:
+        from ..explore import explore  # a second or more: Ctrl-C may come meanwhile
+        from ..trials import Settings
+
         result = explore(job.workload, job.size, trials=c["trials"], seconds=c["seconds"],
                          db=db_path, seed=c["seed"], cost_model=c["cost_model"],
                          rules=c["rules"], batch=c["batch"],
@@ -315,11 +319,17 @@ def _row(job: Job, status: str, summary: dict[str, Any], measured: int | None = 
 # what earlier jobs measured), and gives back the rows of its new runs as JSON lines, which the
 # driver alone imports. SQLite files are thus never shared between processes or hosts, and a task
 # that dies leaves the batch's database as it was.
+#
+# The copies live beside the database, in TASKS_DIR/driver-*/, one directory per driver, locked
+# while it lives. A driver killed outright (kill -9, the OOM killer, a reboot) leaves its
+# directory behind with what its tasks stored; the next batch on the database merges it.
 
 TASK_DB = "task.db"
 TASK_ROWS = "rows.jsonl"
 TASK_RESULT = "row.json"
 SNAPSHOT_RUNS = "snapshot_runs.json"  # the ids of the runs the task database began with
+TASKS_DIR = ".tasks"  # "runs.db.tasks" beside "runs.db": its drivers' task databases
+_DRIVER_LOCK = "lock"  # in a driver's directory: locked (flock) while the driver lives
 
 
 def _task(job: Job, work_dir: str) -> dict[str, Any]:
@@ -372,6 +382,69 @@ def _merge(db_path: str, rows_file: Path) -> int:
         return db.import_jsonl(rows_file)
 
 
+def tasks_dir(db_path: str | Path) -> Path:
+    """Where the batch drivers of the database at `db_path` keep their tasks' databases."""
+    return Path(f"{db_path}{TASKS_DIR}")
+
+
+@contextlib.contextmanager
+def _driver_scratch(db_path: str) -> Iterator[Path]:
+    """This driver's directory for its tasks' databases (in `tasks_dir`), locked while it lives.
+    Removed when it ends unless a task's database in it was not merged (the database could not
+    be written, say): that, like the directory of a driver killed outright, is left to
+    `_recover_tasks`."""
+    root = tasks_dir(db_path)
+    for attempt in (1, 2):
+        root.mkdir(exist_ok=True)
+        try:
+            scratch = Path(tempfile.mkdtemp(prefix="driver-", dir=root))
+            break
+        except FileNotFoundError:  # another driver ending removed the empty root meanwhile
+            if attempt == 2:
+                raise
+    # Locked under another name, then renamed: `_recover_tasks` passes over a directory
+    # without a lock file (being created) and one whose lock is held (its driver lives).
+    lock = open(scratch / f"{_DRIVER_LOCK}.new", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.rename(scratch / f"{_DRIVER_LOCK}.new", scratch / _DRIVER_LOCK)
+        yield scratch
+    finally:
+        # A task's directory is removed once its rows are merged: one still here was not.
+        if not any(p.is_dir() for p in scratch.iterdir()):
+            shutil.rmtree(scratch, ignore_errors=True)
+        lock.close()
+        with contextlib.suppress(OSError):  # not empty: another driver's directory is there
+            root.rmdir()
+
+
+def _recover_tasks(db_path: str) -> int:
+    """Merge what the tasks of drivers that were killed outright stored in their databases
+    (their runs marked interrupted, so that they resume); returns the measurements added."""
+    root = tasks_dir(db_path)
+    added = 0
+    for scratch in sorted(root.glob("driver-*")) if root.is_dir() else []:
+        try:
+            lock = open(scratch / _DRIVER_LOCK)
+        except OSError:  # being created, or being removed by its driver
+            continue
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # its driver is alive
+                continue
+            for work_dir in sorted(p for p in scratch.iterdir() if p.is_dir()):
+                # Without SNAPSHOT_RUNS the snapshot was still being taken: no task ran on it.
+                if (work_dir / SNAPSHOT_RUNS).exists() and (work_dir / TASK_DB).exists():
+                    _export_new_runs(str(work_dir), _snapshot_runs(work_dir))
+                    added += _merge(db_path, work_dir / TASK_ROWS)
+                shutil.rmtree(work_dir)
+            shutil.rmtree(scratch)
+    with contextlib.suppress(OSError):
+        root.rmdir()
+    return added
+
+
 # ---- executors --------------------------------------------------------------------------------
 
 def _process_main(job: Job, work_dir: str, driver: int) -> None:
@@ -384,10 +457,36 @@ def _process_main(job: Job, work_dir: str, driver: int) -> None:
     if os.getppid() != driver:  # the driver died before the signal was asked for
         os._exit(1)
     # Ctrl-C during the exploration stops it after its current measurement and marks its run
-    # interrupted; before it, it ends the process, and the driver calls the job interrupted.
+    # interrupted; before it, the job is interrupted with nothing to hand back. The process
+    # starts with SIGINT blocked (`_start_task`): one that came while it was starting up, when
+    # it would have been Python's KeyboardInterrupt traceback, is delivered here.
     signal.signal(signal.SIGINT, _interrupt_once)
-    row = _task(job, work_dir)
-    (Path(work_dir) / TASK_RESULT).write_text(json.dumps(row))
+    try:
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            row = _task(job, work_dir)
+        except KeyboardInterrupt:  # before its exploration was under way
+            row = _row(job, "interrupted", {}, note="interrupted while starting")
+        (Path(work_dir) / TASK_RESULT).write_text(json.dumps(row))
+    except Exception as e:  # its exploration's failures are in its row: this is handing it back
+        # One line, not multiprocessing's traceback; the driver tries again (a full disk, say).
+        print(f"eqsched: error: {job.key}: {e}".splitlines()[0], file=sys.stderr)
+        sys.exit(1)
+
+
+def _start_task(process: multiprocessing.process.BaseProcess) -> None:
+    """Start a task process with SIGINT blocked: until `_process_main` takes it over, a Ctrl-C
+    would be Python's KeyboardInterrupt traceback (importing takes a second or more). The mask
+    is inherited across the spawn; `multiprocessing`'s resource tracker, started first, would
+    unblock it when it starts its own process."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _interrupt_once(signum: int, frame: Any) -> None:
@@ -421,7 +520,7 @@ def _run_local(jobs: list[Job], db_path: str, workers: int, scratch: Path, say: 
                 process = context.Process(target=_process_main,
                                           args=(job, str(work_dir), os.getpid()),
                                           daemon=True)
-                process.start()
+                _start_task(process)
                 running[process] = (job, attempt, work_dir)
             ended = wait_for([p.sentinel for p in running])
             for process in [p for p in running if p.sentinel in ended]:
@@ -581,7 +680,10 @@ def _cell(value: Any) -> str:
 
 def run_batch(suite: Suite, db: str | Path, jobs: int = 1, executor: str = "local",
               ray_address: str | None = None, progress: Progress | None = None) -> BatchResult:
-    """Run every job of `suite` into the database at `db`; see the module docstring."""
+    """Run every job of `suite` into the database at `db`; see the module docstring. First,
+    what tasks of a batch on `db` whose driver was killed stored is merged (`progress` hears
+    "recovered" with the number of measurements); then each job's row is reported ("job", or
+    "retry" when its process died)."""
     if jobs < 1:
         raise BatchError(f"jobs must be >= 1, got {jobs}")
     if executor not in ("local", "ray"):
@@ -592,19 +694,22 @@ def run_batch(suite: Suite, db: str | Path, jobs: int = 1, executor: str = "loca
     Database(db_path).close()  # a corrupt or foreign file fails here, before any job starts
     say = progress or (lambda event, data: None)
     started = time.perf_counter()
+    recovered = _recover_tasks(db_path)
+    if recovered:
+        say("recovered", {"measurements": recovered})
     done = {job: finished_row(job, db_path) for job in suite.jobs}
     for row in done.values():
         if row is not None:
             say("job", row)
     todo = [job for job in suite.jobs if done[job] is None]
-    with tempfile.TemporaryDirectory(prefix="eqsched-batch-") as scratch:
+    with _driver_scratch(db_path) as scratch:
         if not todo:
             ran, interrupted = {}, False
         elif executor == "ray":
-            rows, interrupted = _run_ray(todo, db_path, ray_address, Path(scratch), say)
+            rows, interrupted = _run_ray(todo, db_path, ray_address, scratch, say)
             ran = dict(zip(todo, rows))
         else:
-            rows, interrupted = _run_local(todo, db_path, jobs, Path(scratch), say)
+            rows, interrupted = _run_local(todo, db_path, jobs, scratch, say)
             ran = dict(zip(todo, rows))
     rows = [done[job] or ran[job] for job in suite.jobs]
     return BatchResult(rows, interrupted, time.perf_counter() - started)
@@ -640,6 +745,11 @@ def _cmd_batch(args: Any) -> int:
         print(f"eqsched: {len(suite.jobs)} explorations from {args.suite}", file=sys.stderr)
 
         def show(event: str, row: dict[str, Any]) -> None:
+            if event == "recovered":
+                print(f"eqsched: merged {row['measurements']} measurements that tasks of an "
+                      f"earlier batch stored but did not hand back (its driver was killed or "
+                      f"failed)", file=sys.stderr)
+                return
             gf = row["best_gflops"]
             status = "retrying" if event == "retry" else row["status"]
             print(f"  {status:>11}: {row['job']}" + (f"  {gf:.1f} GFLOPS" if gf else "")
@@ -650,6 +760,9 @@ def _cmd_batch(args: Any) -> int:
                            progress=show)
     except (BatchError, DatabaseError) as err:
         raise CliError(str(err)) from None
+    except OSError as err:  # the tasks' files beside the database: a full disk, say
+        raise CliError(f"cannot write {err.filename or 'the tasks files'} ({err.strerror})"
+                       ) from None
     print(json.dumps(result.to_json()) if args.json else result.table())
     if result.interrupted:
         print("eqsched: interrupted; every measurement so far is in the database, run the same "
