@@ -119,6 +119,23 @@ def test_mm_exp_mm_with_exp_computed_at_the_rows_of_the_second_matmul():
     assert_round_trip(Term((c_init, c_update, f)), sizes, naive("mm_exp_mm"))
 
 
+def test_a_chain_whose_first_host_needs_an_illegal_step_is_built_as_its_trace_replays():
+    # Around C.update, F.update would be fused before F.init (it reads F before anything writes
+    # it), which only the checked derivation refuses: the fast path must refuse it too and build
+    # around F.update, or its loops are named apart from the trace's and the candidate's trace
+    # replays to another program (mm_exp_mm explorations lost nearly every candidate that way).
+    c_init = L("C.i", "", L("C.j", "", BlockRef("C.init")))
+    rows = L("C.i", "0/2",
+             L("C.i", "1/2", L("C.j", "", L("C.k", "", BlockRef("C.update"))),
+               L("C.j", "", BlockRef("D"))),
+             L("C.i", "1/2", L("F.j", "", BlockRef("F.init")),
+               L("C.j", "", L("F.j", "", BlockRef("F.update")))))
+    sizes = {("C.i", "0/2"): 2, ("C.i", "1/2"): 4, ("C.j", ""): 12, ("C.k", ""): 6,
+             ("F.j", ""): 10}
+    prog = assert_round_trip(Term((c_init, rows)), sizes, naive("mm_exp_mm"))
+    assert "F.i.0" in prog.text()  # the rows' loops are F.update's
+
+
 def test_conv2d_with_the_padding_stage_inlined():
     y = L("Xpad.n", "", L("Y.k", "", L(
         "Y.p", "0/2",

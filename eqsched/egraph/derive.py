@@ -208,10 +208,18 @@ class _Derivation:
         produces = any(buffer in {ld.buffer for ld in b.reads()} for b in under)
         if mine != (present[0] - 1 if produces else present[-1] + 1):
             return False
+        trial = self.sch.fork()
         try:
-            self.sch.fuse(name, at_name)
+            trial.fuse(name, at_name)
+            if not self.checked:
+                # The checked derivation refuses a fuse that leaves the program illegal for now
+                # (a consumer fused before its initializer) and takes another route; the fast
+                # one must take the same route, or its program's loops are named differently
+                # from those of the trace that `derive` records and replays.
+                check_program(trial.program)
         except ScheduleError:
             return False
+        self.sch = trial
         self._shape(name, chain[depth + 1:])
         return True
 
