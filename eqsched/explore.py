@@ -426,7 +426,8 @@ class _Exploration:
         self.result.finalists = [
             {"hash": c.hash, "in_run_gflops": flops / self.times_of[c.hash] / 1e9,
              "remeasured_gflops": flops / timed[c.hash] / 1e9 if c.hash in timed else None,
-             "others_cores": m.others_cores, "error": m.error or m.check_message or None}
+             "others_cores": m.others_cores,
+             "error": m.error or (None if m.correct else m.check_message)}
             for c, m in zip(finalists, measured)]
         if not timed:
             return  # every re-measurement failed (e.g. a timeout): keep the rounds' best

@@ -61,6 +61,10 @@ PREDICTION_BATCH = 32  # programs predicted between two calls of wait_turn
 # Beyond `generations`, evolution goes on while the predicted top of the round still improves.
 STALE_GENERATIONS, MIN_GAIN = 2, 0.01
 CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
+# Of fresh draws, the share whose groups all take exact factorizations (MetaSchedule's perfect
+# tiles), and of re-sized groups, the share drawn among those: remainder tiles outnumber them
+# (a power of two gains the 3 x 2^a tiles) and uniform draws then miss the whole-tile sketches.
+PERFECT_SHARE = 0.5
 ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
 
 
@@ -148,7 +152,12 @@ class EvolutionarySearch:
         for _ in range(self.max_attempts):
             if total:
                 term, sizes = self.space.program(self.rng.randrange(total))
-                cand = self._grow(self.space.picks_for(term), _assignment(sizes))
+                assignment = _assignment(sizes)
+                if self.rng.random() < PERFECT_SHARE:
+                    options = dict(self.space.size_options(term))
+                    assignment = {g: self._perfect(g, options[g]) or sized
+                                  for g, sized in assignment.items()}
+                cand = self._grow(self.space.picks_for(term), assignment)
             else:
                 cand = self._grow({}, {})
             if cand is not None:
@@ -218,7 +227,7 @@ class EvolutionarySearch:
         sized: dict[str, dict[str, int]] = {}
         for group, opts in options:
             old = assignment.get(group)
-            sized[group] = old if old in opts else self.rng.choice(opts)
+            sized[group] = old if old in opts else self._resize(group, opts)
         sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
         chains = _unrolled_chains(term)
         unrolled = {g for chain in chains for g, _ in chain}
@@ -229,7 +238,7 @@ class EvolutionarySearch:
                 break
             for group, opts in options:
                 if group in unrolled:
-                    sized[group] = self.rng.choice(opts)
+                    sized[group] = self._resize(group, opts)
             sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
         else:
             return None
@@ -238,6 +247,23 @@ class EvolutionarySearch:
             return None
         return Candidate(term, dict(sorted(sizes.items())), prog, used, sized, self.space.naive,
                          tuple((tuple(slots), frozenset(groups)) for slots, groups in statements))
+
+    def _resize(self, group: str, options: list[dict[str, int]]) -> dict[str, int]:
+        """A size assignment for the group: with chance PERFECT_SHARE among its exact
+        factorizations (when it has any), otherwise among all its options."""
+        if self.rng.random() < PERFECT_SHARE:
+            perfect = self._perfect(group, options)
+            if perfect is not None:
+                return perfect
+        return self.rng.choice(options)
+
+    def _perfect(self, group: str, options: list[dict[str, int]]) -> dict[str, int] | None:
+        """One of the group's options that splits its extent exactly (no remainder), or None."""
+        extent = self.space.facts.extents.get(group)  # None: a pack's panel width
+        if extent is None:
+            return None
+        perfect = [o for o in options if _splits_exactly(o, extent)]
+        return self.rng.choice(perfect) if perfect else None
 
     def program_of(self, term: Term, sizes: Sizes) -> Program | None:
         """The concrete program (memoized), or None if the primitives cannot build it. It is not
@@ -276,7 +302,7 @@ class EvolutionarySearch:
         group = self.rng.choice(groups)
         options = dict(self.space.size_options(cand.term))[group]
         if move < 0.7:
-            choice = self.rng.choice(options)
+            choice = self._resize(group, options)
         else:
             choice = self._nudge(cand.assignment[group], options)
             if choice is None:
@@ -451,6 +477,13 @@ def _assignment(sizes: Sizes) -> dict[str, dict[str, int]]:
     for (group, path), extent in sizes.items():
         assignment.setdefault(group, {})[path] = extent
     return assignment
+
+
+def _splits_exactly(option: dict[str, int], extent: int) -> bool:
+    """Do the top pieces of a {path: extent} assignment multiply to the whole extent? (Pieces
+    below them split exactly by construction; an unsplit group is whole.)"""
+    top = [e for path, e in option.items() if path and "." not in path]
+    return not top or math.prod(top) == extent
 
 
 def _program_key(term: Term, sizes: Sizes) -> tuple:

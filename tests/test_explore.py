@@ -78,6 +78,7 @@ def test_the_best_is_the_fastest_finalist_timed_again_side_by_side(explored, tmp
     assert result.in_run_best_gflops == good[0].gflops
     finalists = result.finalists
     assert [f["hash"] for f in finalists] == [t.program_hash for t in good[:FAST.finalists]]
+    assert [f["error"] for f in finalists] == [None] * len(finalists)  # all correct
     fastest = max(finalists, key=lambda f: f["remeasured_gflops"])
     assert result.best.program_hash == fastest["hash"] == result.best_program.hash()
     assert result.best.gflops == fastest["remeasured_gflops"]

@@ -11,7 +11,7 @@ from eqsched.backend import compile_program
 from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import symbols
 from eqsched.extract import CostModel, EvolutionarySearch, get_cost_model
-from eqsched.extract.search import unrolled_copies
+from eqsched.extract.search import _splits_exactly, unrolled_copies
 from eqsched.ir import LoopKind, naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.rules import default_rules, resolve
@@ -176,16 +176,21 @@ def test_mutants_are_members_that_compute_the_right_result(space):
 def test_a_crossover_child_is_one_parent_with_a_shared_statement_of_the_other():
     chain = build_space(naive_program(get_workload("mm_exp_mm").build(8, 16, 8, 16)),
                         default_rules())
-    # A seed whose sibling pair differs inside a statement both share (a mutation re-picks any
-    # slot; most pairs of this space differ outside one, and their children are a parent).
-    search = EvolutionarySearch(chain, FewestScalarIterations(), seed=11)
+    # A pair two choices apart whose children are not all one of them: most pairs of this
+    # space differ outside a statement both share, and then each child is a parent.
+    for seed in range(100):
+        search = EvolutionarySearch(chain, FewestScalarIterations(), seed=seed)
+        a = search.random_candidate()
+        b = search.mutate(a)
+        b = b and search.mutate(b)
+        if b is not None and any(c is not None and c.hash not in (a.hash, b.hash)
+                                 for c in (search.crossover(a, b) for _ in range(10))):
+            break
+    else:
+        raise AssertionError("no pair of candidates has a child that is neither parent")
     comp = chain.naive.computation
     inputs = random_inputs(comp, 0)
     expected = reference(comp, inputs)
-    a = search.random_candidate()
-    b = search.mutate(a)  # a sibling: the same statements, one choice apart
-    while b.hash == a.hash:
-        b = search.mutate(b)
     mixed = 0
     for _ in range(40):
         child = search.crossover(a, b)
@@ -335,3 +340,16 @@ def test_a_population_larger_than_the_space_is_not_drawn_for_ever(tiny_space, wi
     assert proposed and len(proposed) == len(set(proposed)) <= tiny_space.count()
     assert batches[-1] == []
     assert search.exhausted.startswith("the search found no more untried programs among")
+
+
+def test_fresh_draws_favour_tiles_that_split_a_power_of_two_exactly():
+    # 64 also gains remainder tiles of 6, 12, 24 (register tiles of 3 x 2^a); drawn uniformly,
+    # they outnumber the exact factorizations and a search rarely starts from whole tiles.
+    sp = build_space(naive_program(get_workload("matmul").build(64, 64, 64)), default_rules())
+    search = EvolutionarySearch(sp, FewestScalarIterations(), seed=0)
+    draws = [search.random_candidate() for _ in range(200)]
+    exact = [all(_splits_exactly(sizes, sp.facts.extents[group])
+                 for group, sizes in c.assignment.items() if group in sp.facts.extents)
+             for c in draws]
+    assert sum(exact) >= 0.35 * len(draws)  # a uniform draw: about a fifth
+    assert not all(exact)  # and remainder tiles are still drawn
