@@ -175,14 +175,15 @@ def brute_force(sp: Space) -> set:
     def fits(extent, top):
         """The top split multiplies to the extent, or leaves a remainder: a power-of-two inner
         tile from the narrowest vector to below twice the extent, or a register tile (3, 5, 6,
-        7, or three times a power of two from 12) of less than half the extent, the outermost
-        piece short by less than one step."""
+        7, or but for a power of two three times a power of two from 12) of less than half the
+        extent, the outermost piece short by less than one step."""
         outer, tile = top[0], math.prod(top[1:])
         if outer * tile == extent:
             return True
         power = tile & (tile - 1) == 0 and min(VECTOR_LANES) <= tile < 2 * extent
         third = tile // 3
-        triple = tile % 3 == 0 and third >= 4 and third & (third - 1) == 0
+        triple = (tile % 3 == 0 and third >= 4 and third & (third - 1) == 0
+                  and extent & (extent - 1) != 0)
         register = (tile in REGISTER_TILES or triple) and 2 * tile < extent
         return (power or register) and (outer - 1) * tile < extent < outer * tile
 
@@ -203,7 +204,8 @@ def brute_force(sp: Space) -> set:
         n = sp.facts.extents[group]
         tiles = [1 << a for a in range(n.bit_length() + 1) if 1 << a < 2 * n]
         tiles += [t for t in REGISTER_TILES if 2 * t < n]
-        tiles += [3 << a for a in range(2, n.bit_length()) if 2 * (3 << a) < n]
+        if n & (n - 1):  # three vectors across: not for a power of two
+            tiles += [3 << a for a in range(2, n.bit_length()) if 2 * (3 << a) < n]
         return sorted({d for d in range(1, n + 1) if n % d == 0}
                       | {d for t in tiles for d in range(1, t + 1) if t % d == 0}
                       | {-(-n // t) for t in tiles})
