@@ -15,14 +15,15 @@ from eqsched.machine_model import MachineModel
 
 def small_search(monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes `explore` search a quarter of the default population on one island: a round of
-    the default search (192 candidates, three first-round islands) took 10-20 s of a 2-trial
+    the default search (192 candidates, three first-round islands of 384) took 10-20 s of a 2-trial
     run of matmul 16x32x8, for tests about the loop, the database or the report around it
     (tests/test_search.py tests the search). Spaces no larger than the default search would
     rank whole are still ranked whole."""
     default = EvolutionarySearch.__init__.__kwdefaults__
     whole = default["population"] * (1 + default["max_generations"])
     monkeypatch.setattr(explore_module, "EvolutionarySearch", functools.partial(
-        EvolutionarySearch, population=48, survivors=12, first_islands=1, whole_space=whole))
+        EvolutionarySearch, population=48, first_population=48, survivors=12, first_islands=1,
+        whole_space=whole))
 
 
 @pytest.fixture

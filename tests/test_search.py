@@ -353,3 +353,21 @@ def test_fresh_draws_favour_tiles_that_split_a_power_of_two_exactly():
              for c in draws]
     assert sum(exact) >= 0.35 * len(draws)  # a uniform draw: about a fifth
     assert not all(exact)  # and remainder tiles are still drawn
+
+
+def test_the_first_round_evolves_a_larger_population_than_later_ones(space):
+    sizes: list[int] = []
+
+    class Counting(FewestScalarIterations):
+        def predict(self, programs):
+            sizes.append(len(programs))
+            return super().predict(programs)
+
+    search = EvolutionarySearch(space, Counting(), seed=0, population=8, first_population=40,
+                                survivors=8,
+                                generations=1, max_generations=1, first_islands=1,
+                                whole_space=0, random_fraction=0)
+    first = search.propose(4)
+    first_predicted, sizes[:] = sum(sizes), []
+    search.propose(4, exclude=[c.hash for c, _ in first], elites=[c for c, _ in first])
+    assert first_predicted >= 40 > sum(sizes)  # 40 fresh draws first; then 8 and their children
