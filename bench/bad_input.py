@@ -218,6 +218,12 @@ def _suite_key(line: str, names: str) -> Case:
     return _suite(line, SUITE_DEFAULTS + MATMUL_ENTRY + line + "\n", names)
 
 
+def _suite_sizes(line: str, names: str, name: str | None = None) -> Case:
+    """A suite whose one exploration of matmul gives its sizes as `line`."""
+    return _suite(name or line, SUITE_DEFAULTS + '[[explore]]\nworkload = "matmul"\n' + line
+                  + "\n", names)
+
+
 CASES: list[Case] = [
     # --timeout and --seconds: more than 0, finite
     *(_explore(f"explore --timeout {v}", "--timeout", v, f"got '{v}'")
@@ -400,20 +406,14 @@ CASES: list[Case] = [
     _suite_key('target = "z80"', "z80"),
     _suite_key('max_memory = "lots"', "a size like 8G"),
     _suite_key("size = [16, 16, 16]", "give sizes or size, not both"),
-    _suite("sizes = \"16,16,16\"", SUITE_DEFAULTS + '[[explore]]\nworkload = "matmul"\n'
-           'sizes = "16,16,16"\n', "a size is a list of integers"),
-    _suite("sizes = 16", SUITE_DEFAULTS + '[[explore]]\nworkload = "matmul"\nsizes = 16\n',
-           "a size is a list of integers"),
-    _suite("sizes = []", SUITE_DEFAULTS + '[[explore]]\nworkload = "matmul"\nsizes = []\n',
-           "sizes = [] lists no size"),
-    _suite("sizes = [[]]", SUITE_DEFAULTS + '[[explore]]\nworkload = "matmul"\nsizes = [[]]\n',
-           "takes 3 sizes"),
-    _suite('sizes = [["16", "16", "16"]]', SUITE_DEFAULTS + '[[explore]]\nworkload = "matmul"'
-           '\nsizes = [["16", "16", "16"]]\n', "M must be an integer"),
-    _suite('sizes = ["tiny"]', SUITE_DEFAULTS + '[[explore]]\nworkload = "matmul"\n'
-           'sizes = ["tiny"]\n', "a size is a list of integers"),
-    _suite("a size too big", SUITE_DEFAULTS + '[[explore]]\nworkload = "matmul"\n'
-           'sizes = [[100000, 100000, 100000]]\n', "over the memory cap"),
+    _suite_sizes('sizes = "16,16,16"', "a size is a list of integers"),
+    _suite_sizes("sizes = 16", "a size is a list of integers"),
+    _suite_sizes("sizes = []", "sizes = [] lists no size"),
+    _suite_sizes("sizes = [[]]", "takes 3 sizes"),
+    _suite_sizes('sizes = [["16", "16", "16"]]', "M must be an integer"),
+    _suite_sizes('sizes = ["tiny"]', "a size is a list of integers"),
+    _suite_sizes("sizes = [[100000, 100000, 100000]]", "over the memory cap",
+                 name="a size too big"),
     _suite("an unknown workload", SUITE_DEFAULTS + '[[explore]]\nworkload = "matmull"\n',
            "unknown workload 'matmull'"),
     _suite("no workload", SUITE_DEFAULTS + "[[explore]]\nsizes = [[16, 16, 16]]\n",
