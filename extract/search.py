@@ -19,8 +19,8 @@ A round evolves for `generations` generations, and on (up to `max_generations`) 
 predicted top `k` still gains: large spaces (fused chains) need many more than small ones. The
 first round, with no elites or survivors to start from, evolves up to `first_islands`
 populations from separate draws and merges them (an island model), each `first_population`
-strong (twice a later round's by default): one population often converges on a poor sketch of
-a chain. It stops adding populations once the best is predicted
+strong (by default a later round's, twice that for a chain of reductions): one population often
+converges on a poor sketch of a chain. It stops adding populations once the best is predicted
 to take at most `settled_s` (explore: half of one core's peak FLOP rate; by default every island
 runs).
 
@@ -134,7 +134,8 @@ class EvolutionarySearch:
         self.survivors, self.random_fraction = survivors, random_fraction
         self.max_attempts, self.max_unrolled = max_attempts, max_unrolled
         self.first_islands, self.settled_s = first_islands, settled_s
-        self.first_population = 2 * population if first_population is None else first_population
+        self.first_population = (first_population if first_population is not None
+                                 else 2 * population if _is_chain(space) else population)
         # A space no larger than one round of evolution could realize is ranked whole.
         self.whole_space = (population * (1 + self.max_generations) if whole_space is None
                             else whole_space)
@@ -398,7 +399,8 @@ class EvolutionarySearch:
         ranked best first."""
         pool: dict[str, Candidate] = {}
         # The first round starts from random draws alone: in a chain's space (4 groups, 40 and
-        # more slots) 192 of them settled on sketches predicted at a third of what 384 found.
+        # more slots) 192 of them settled on sketches predicted at a third of what 384 found;
+        # a single reduction's space is small enough for 192 (§17.3).
         size = self.population if seeds else self.first_population
 
         def add(cands: Iterable[Candidate | None]) -> None:
@@ -494,6 +496,11 @@ def _splits_exactly(option: dict[str, int], extent: int) -> bool:
 
 def _program_key(term: Term, sizes: Sizes) -> tuple:
     return term, tuple(sorted(sizes.items()))
+
+
+def _is_chain(space: Space) -> bool:
+    """Does the space's computation chain reductions (mm_exp_mm, an MLP, softmax)?"""
+    return sum(stage.reduce is not None for stage in space.naive.computation.stages) > 1
 
 
 def _top_score(ranked: list[tuple[Candidate, float]], k: int) -> float:

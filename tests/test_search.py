@@ -173,9 +173,13 @@ def test_mutants_are_members_that_compute_the_right_result(space):
     assert checked == 5
 
 
-def test_a_crossover_child_is_one_parent_with_a_shared_statement_of_the_other():
-    chain = build_space(naive_program(get_workload("mm_exp_mm").build(8, 16, 8, 16)),
-                        default_rules())
+@pytest.fixture(scope="module")
+def chain():
+    return build_space(naive_program(get_workload("mm_exp_mm").build(8, 16, 8, 16)),
+                       default_rules())
+
+
+def test_a_crossover_child_is_one_parent_with_a_shared_statement_of_the_other(chain):
     # A pair two choices apart whose children are not all one of them: most pairs of this
     # space differ outside a statement both share, and then each child is a parent.
     for seed in range(100):
@@ -371,3 +375,11 @@ def test_the_first_round_evolves_a_larger_population_than_later_ones(space):
     first_predicted, sizes[:] = sum(sizes), []
     search.propose(4, exclude=[c.hash for c, _ in first], elites=[c for c, _ in first])
     assert first_predicted >= 40 > sum(sizes)  # 40 fresh draws first; then 8 and their children
+
+
+def test_only_a_chain_of_reductions_starts_from_a_doubled_population(space, chain):
+    model = FewestScalarIterations()
+    assert EvolutionarySearch(chain, model, population=8).first_population == 16
+    assert EvolutionarySearch(space, model, population=8).first_population == 8
+    assert EvolutionarySearch(space, model, population=8, first_population=24
+                              ).first_population == 24
