@@ -1,0 +1,123 @@
+"""The operator interface of a model graph: one operator produces one tensor, and knows its shape,
+its numpy evaluation and its te stages.
+
+    class Relu(Operator):
+        op_type = "Relu"
+        def infer(self, shapes): return shapes[0]
+        def evaluate(self, x): return np.maximum(x, 0)
+        def stages(self, operands, shape, name):
+            return stage(shape, lambda idx: relu(operands[0][idx]), name)
+
+`infer` checks the input shapes (ModelError naming the problem) and returns the output shape;
+`evaluate` is the numpy reference of the end-to-end check, in float32; `stages` writes the te
+stages computing the output from te reads of the operands, so any set of nodes becomes one
+`te.Computation` to tune. The last stage an operator writes carries the node's name; the others
+are named `<node>__<part>` (value names never hold a double underscore). A layout operator
+(`layout = True`) only moves elements: its stage is one read of its input at `index_map(out
+index)`, which a consumer can inline (the task partition folds it into indexing).
+
+See docs/ARCHITECTURE.md §16b Models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import numpy as np
+
+from ..expr import Const, Expr, Var
+from ..te import Reduce, ReduceAxis, Tensor, compute, reduce_axis
+
+Shape = tuple[int, ...]
+
+
+class ModelError(ValueError):
+    """A model is malformed or uses what eqsched does not support (one line, naming it)."""
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An operator's input inside a te computation: a tensor of the model's shape (a 0-d value is
+    a one-element tensor), or a one-element weight folded into its value."""
+
+    shape: Shape
+    tensor: Tensor | None = None
+    value: float | None = None
+
+    def __getitem__(self, index: Sequence[Expr]) -> Expr:
+        """The element at `index` (one expression per dimension of `shape`)."""
+        if self.value is not None:
+            return Const(float(self.value))
+        assert self.tensor is not None
+        index = tuple(index)
+        return self.tensor[index if index else (0,)]
+
+    def at(self, out_index: Sequence[Expr]) -> Expr:
+        """The element numpy broadcasting pairs with `out_index` of a (higher-rank) result."""
+        lead = len(out_index) - len(self.shape)
+        return self[tuple(Const(0, "int") if n == 1 else out_index[lead + d]
+                          for d, n in enumerate(self.shape))]
+
+
+class Operator:
+    """One operator family; an instance's fields are its attributes (frozen dataclasses)."""
+
+    op_type: ClassVar[str]
+    arity: ClassVar[tuple[int, int]] = (1, 1)  # the least and the most inputs
+    layout: ClassVar[bool] = False
+
+    def infer(self, shapes: Sequence[Shape]) -> Shape:
+        raise NotImplementedError
+
+    def evaluate(self, *arrays: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def stages(self, operands: Sequence[Operand], shape: Shape, name: str) -> Tensor:
+        raise NotImplementedError
+
+    def index_map(self, in_shape: Shape, out_index: Sequence[Expr]) -> tuple[Expr, ...]:
+        """A layout operator's input index for an output index."""
+        raise NotImplementedError(f"{self.op_type} is not a layout operator")
+
+    def describe(self) -> str:
+        """The operator and its attributes, as error messages and model listings print it."""
+        attrs = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                          if f.name != "kind")
+        return f"{self.op_type}({attrs})"
+
+
+def stage(shape: Shape, body: Callable[[tuple[Var, ...]], Expr | Reduce], name: str) -> Tensor:
+    """`te.compute` over axes `i0, i1, ...` of `shape`; a 0-d result is a one-element stage."""
+    if not shape:
+        return compute((1,), lambda i0: body(()), name)
+    return compute(shape, lambda *idx: body(idx), name,
+                   axis_names=[f"i{d}" for d in range(len(shape))])
+
+
+def reduce_axes(extents: Sequence[int]) -> tuple[ReduceAxis, ...]:
+    """Reduce axes `r0, r1, ...` (named apart from a stage's spatial `i0, i1, ...`)."""
+    return tuple(reduce_axis(n, f"r{d}") for d, n in enumerate(extents))
+
+
+def broadcast_shapes(op_type: str, *shapes: Shape) -> Shape:
+    try:
+        return tuple(int(n) for n in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ModelError(f"{op_type}: shapes {', '.join(map(str, shapes))} do not broadcast"
+                         ) from None
+
+
+def normalize_axis(op_type: str, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ModelError(f"{op_type}: axis {axis} is out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+def f32(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+__all__ = ["ModelError", "Operand", "Operator", "Shape", "broadcast_shapes", "f32",
+           "normalize_axis", "reduce_axes", "stage"]
