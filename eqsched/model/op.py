@@ -85,7 +85,7 @@ class Operator:
         """The operator and its attributes, as error messages and model listings print it."""
         attrs = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
                           if f.name != "kind")
-        return f"{self.op_type}({attrs})"
+        return f"{self.op_type}[{attrs}]" if attrs else self.op_type
 
 
 def stage(shape: Shape, body: Callable[[tuple[Var, ...]], Expr | Reduce], name: str) -> Tensor:
