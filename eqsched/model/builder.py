@@ -67,7 +67,7 @@ class ModelBuilder:
                 raise ModelError(f"{self.name}: {op.op_type} reads {v.name!r}, "
                                  f"which is not a value of this model")
         if name is None:
-            name = f"{op.op_type.lower()}_{len(self._nodes)}"
+            name = self._fresh(f"{op.op_type.lower()}_{len(self._nodes)}")
         shape = op.infer([v.shape for v in inputs])
         self._declare(name, shape)
         self._nodes.append(Node(name, op, tuple(v.name for v in inputs), shape))
@@ -149,7 +149,7 @@ class ModelBuilder:
     def batch_norm(self, x: Value, scale: Value, bias: Value, mean: Value, var: Value,
                    epsilon: float = 1e-5, name: str | None = None) -> Value:
         """BatchNormalization in inference form, folded now into one per-channel scale and
-        shift (weights `<name>_scale`, `<name>_shift`); its four parameters must be weights."""
+        shift (new weights `<name>_scale`, `<name>_shift`); its four parameters must be weights."""
         params = [scale, bias, mean, var]
         missing = [p.name for p in params if p.name not in self._weights]
         if missing:
@@ -157,10 +157,10 @@ class ModelBuilder:
                              f"{missing} are not")
         gamma, beta, mu, sigma2 = (self._weights[p.name] for p in params)
         if name is None:
-            name = f"batchnorm_{len(self._nodes)}"
+            name = self._fresh(f"batchnorm_{len(self._nodes)}")
         factor = gamma / np.sqrt(sigma2 + np.float32(epsilon))
-        folded_scale = self.weight(f"{name}_scale", factor)
-        folded_shift = self.weight(f"{name}_shift", beta - mu * factor)
+        folded_scale = self.weight(self._fresh(f"{name}_scale"), factor)
+        folded_shift = self.weight(self._fresh(f"{name}_shift"), beta - mu * factor)
         return self.apply(ScaleShift(), [x, folded_scale, folded_shift], name)
 
     def build(self, *outputs: Value) -> Model:
@@ -175,6 +175,14 @@ class ModelBuilder:
                      tuple(n for n in self._nodes if n.name in needed),
                      tuple(v.name for v in outputs),
                      MappingProxyType({k: s for k, s in self._shapes.items() if k in needed}))
+
+    def _fresh(self, base: str) -> str:
+        """`base`, or `base_2`, `base_3`... when the name is taken."""
+        name, k = base, 1
+        while name in self._shapes:
+            k += 1
+            name = f"{base}_{k}"
+        return name
 
     def _declare(self, name: str, shape: Shape) -> None:
         if not isinstance(name, str) or not name.isidentifier() or "__" in name:
