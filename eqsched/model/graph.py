@@ -121,6 +121,19 @@ class Model:
                    or any(c.name not in inside for c in self.consumers(n.name))]
         return Computation(name or self.name, outputs or [made[members[-1].name]])
 
+    def bind(self, comp: Computation, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays of `comp`'s inputs: the weights, and `values` (model inputs or values
+        computed by other nodes), as float32 in the placeholders' shapes (a 0-d value is a
+        one-element buffer)."""
+        out = {}
+        for t in comp.inputs:
+            array = values[t.name] if t.name in values else self.weights.get(t.name)
+            if array is None:
+                raise ModelError(f"{self.name}: no array for {t.name!r}, an input of "
+                                 f"{comp.name}")
+            out[t.name] = np.ascontiguousarray(array, dtype=np.float32).reshape(t.shape)
+        return out
+
     def __str__(self) -> str:
         ins = ", ".join(f"{k}{list(v)}" for k, v in self.inputs.items())
         lines = [f"{self.name}({ins}) -> {', '.join(self.outputs)}"]
