@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..te import Computation, Tensor, placeholder
-from .op import ModelError, Operand, Operator, Shape
+from .op import ModelError, Operand, Operator, Shape, f32
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Model:
         for name, shape in self.inputs.items():
             if name not in inputs:
                 raise ModelError(f"{self.name}: input {name!r} is missing")
-            array = np.ascontiguousarray(inputs[name], dtype=np.float32)
+            array = f32(inputs[name])
             if array.shape != shape:
                 raise ModelError(f"{self.name}: input {name!r} has shape {array.shape}, "
                                  f"expected {shape}")

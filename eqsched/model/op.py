@@ -115,8 +115,11 @@ def normalize_axis(op_type: str, axis: int, rank: int) -> int:
     return axis % max(rank, 1)
 
 
-def f32(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array, dtype=np.float32)
+def f32(array: np.ndarray | float) -> np.ndarray:
+    """`array` as a C-contiguous float32 array of the same shape (0-d stays 0-d, which
+    np.ascontiguousarray would make 1-d)."""
+    out = np.asarray(array, dtype=np.float32)
+    return out if out.flags.c_contiguous else out.copy()
 
 
 __all__ = ["ModelError", "Operand", "Operator", "Shape", "broadcast_shapes", "f32",
