@@ -5,10 +5,10 @@ import math
 
 import numpy as np
 import pytest
+from model_checks import check_stages, one_node, random_inputs
 
 from eqsched.model import ModelBuilder, ModelError
 from eqsched.model.elementwise import Binary, Unary
-from model_checks import check_stages, one_node, random_inputs
 
 erf = np.vectorize(math.erf)
 

@@ -3,10 +3,10 @@ stages."""
 
 import numpy as np
 import pytest
+from model_checks import check_stages, conv2d, one_node, random_inputs
 
 from eqsched.model import ModelBuilder, ModelError
 from eqsched.model.linear import Conv, Gemm, MatMul
-from model_checks import check_stages, conv2d, one_node, random_inputs
 
 
 @pytest.mark.parametrize("a,b,out", [

@@ -142,7 +142,7 @@ class ModelBuilder:
         rank = len(x.shape)
         if not -rank <= axis <= rank:
             raise ModelError(f"{self.name}: flatten axis {axis} is out of range for rank {rank}")
-        axis %= rank + 1
+        axis = axis + rank if axis < 0 else axis
         return self.reshape(x, (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))),
                             name)
 

@@ -131,7 +131,8 @@ class LayerNorm(Operator):
         x = shapes[0]
         axis = normalize_axis("LayerNormalization", self.axis, len(x))
         for what, s in zip(("scale", "bias"), shapes[1:]):
-            if len(s) > len(x) - axis or np.broadcast_shapes(s, x[axis:]) != x[axis:]:
+            lead = len(x) - axis - len(s)
+            if lead < 0 or any(n not in (1, m) for n, m in zip(s, x[axis + lead:])):
                 raise ModelError(f"LayerNormalization: {what} of shape {s} does not broadcast "
                                  f"to the normalized shape {x[axis:]}")
         return x
