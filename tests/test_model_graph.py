@@ -1,0 +1,95 @@
+"""The Model: numpy evaluation end to end, any set of nodes as one te computation (what a task
+will be), and the arrays that computation reads."""
+
+import numpy as np
+import pytest
+from model_checks import check_stages, random_inputs
+
+from eqsched.model import Model, ModelBuilder, ModelError
+
+
+def small_mlp() -> Model:
+    b = ModelBuilder("mlp")
+    x = b.input("x", (2, 6))
+    h = b.matmul(x, b.weight("w0", np.linspace(-1, 1, 24).reshape(6, 4)), name="linear0")
+    h = b.relu(b.add(h, b.weight("b0", [0.1, -0.2, 0.3, 0.0]), name="add0"), name="relu0")
+    y = b.matmul(h, b.weight("w1", np.linspace(1, -1, 12).reshape(4, 3)), name="linear1")
+    return b.build(b.add(y, b.weight("b1", [1.0, 2.0, 3.0]), name="y"))
+
+
+def test_evaluate_runs_the_nodes_in_order_in_float32():
+    model = small_mlp()
+    inputs = random_inputs(model)
+    x = inputs["x"]
+    w = model.weights
+    want = np.maximum(x @ w["w0"] + w["b0"], 0) @ w["w1"] + w["b1"]
+    out = model.evaluate(inputs)
+    assert list(out) == ["y"] and out["y"].dtype == np.float32
+    np.testing.assert_allclose(out["y"], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("inputs,message", [
+    ({}, "mlp: input 'x' is missing"),
+    ({"x": np.zeros((2, 5))}, r"mlp: input 'x' has shape \(2, 5\), expected \(2, 6\)"),
+    ({"x": np.zeros((2, 6)), "z": np.zeros(1)}, r"mlp: unknown inputs \['z'\]"),
+])
+def test_evaluate_refuses_wrong_inputs(inputs, message):
+    with pytest.raises(ModelError, match=f"^{message}"):
+        small_mlp().evaluate(inputs)
+
+
+def test_a_set_of_nodes_is_one_computation_over_what_it_reads():
+    model = small_mlp()
+    comp = model.computation(["linear0", "add0", "relu0"], name="task0")
+    assert comp.name == "task0"
+    assert sorted(t.name for t in comp.inputs) == ["b0", "w0", "x"]
+    assert [s.name for s in comp.stages] == ["linear0", "add0", "relu0"]
+    assert comp.outputs == ("relu0",)  # read by linear1, outside the set
+    tail = model.computation(["linear1", "y"])
+    assert sorted(t.name for t in tail.inputs) == ["b1", "relu0", "w1"]
+    assert tail.outputs == ("y",)
+
+
+def test_a_node_read_both_inside_and_outside_the_set_is_an_output():
+    b = ModelBuilder("m")
+    a = b.relu(b.input("x", (4,)), name="a")
+    model = b.build(b.add(a, b.unary("Exp", a, name="e"), name="y"))
+    assert model.computation(["a", "e"]).outputs == ("a", "e")
+
+
+def test_bind_gives_a_computation_its_arrays():
+    model = small_mlp()
+    comp = model.computation(["linear1", "y"])
+    h = np.ones((2, 4), np.float32)
+    feeds = model.bind(comp, {"relu0": h})
+    assert sorted(feeds) == ["b1", "relu0", "w1"]
+    assert all(a.dtype == np.float32 for a in feeds.values())
+    with pytest.raises(ModelError, match="no array for 'relu0', an input of mlp"):
+        model.bind(comp, {})
+
+
+def test_unknown_or_no_nodes_are_refused():
+    model = small_mlp()
+    with pytest.raises(ModelError, match=r"no nodes named \['nope'\]"):
+        model.computation(["linear0", "nope"])
+    with pytest.raises(ModelError, match="a computation needs at least one node"):
+        model.computation([])
+
+
+def test_the_whole_model_as_one_computation_agrees_with_evaluate():
+    model = small_mlp()
+    check_stages(model, random_inputs(model, seed=2), backend=True)
+
+
+def test_a_model_is_immutable_and_prints_its_nodes():
+    model = small_mlp()
+    with pytest.raises(TypeError):
+        model.weights["w0"] = np.zeros((6, 4))  # type: ignore[index]
+    with pytest.raises(ValueError):
+        model.weights["w0"][0, 0] = 1.0
+    assert model.shape("relu0") == (2, 4)
+    assert [n.name for n in model.consumers("relu0")] == ["linear1"]
+    assert str(model).splitlines()[0] == "mlp(x[2, 6]) -> y"
+    assert "  relu0[2, 4] = Relu(add0)" in str(model).splitlines()
+    with pytest.raises(ModelError, match="no node named 'w0'"):
+        model.node("w0")
