@@ -45,7 +45,8 @@ class Node:
 @dataclass(frozen=True)
 class Model:
     """Inputs (name -> shape), weights (name -> float32 array), nodes in topological order, and
-    the names of the output values. Build it with `ModelBuilder`."""
+    the names of the output values. Build it with `ModelBuilder`. `source_names` maps an input or
+    output renamed on import to its name in the file (to feed the file to another runtime)."""
 
     name: str
     inputs: Mapping[str, Shape]
@@ -53,6 +54,7 @@ class Model:
     nodes: tuple[Node, ...]
     outputs: tuple[str, ...]
     _shapes: Mapping[str, Shape] = field(repr=False, compare=False, default_factory=dict)
+    source_names: Mapping[str, str] = field(default_factory=dict)
 
     def shape(self, value: str) -> Shape:
         return self._shapes[value]

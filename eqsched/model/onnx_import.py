@@ -7,7 +7,8 @@ a one-line ModelError naming the node and the operator:
 
     model.onnx: node 'Conv_3' (Conv): group=2 is not supported
 
-Value names become identifiers (other characters turn into `_`); messages keep ONNX's names.
+Value names become identifiers (other characters turn into `_`; `Model.source_names` keeps the
+file's names of renamed inputs and outputs); messages keep ONNX's names.
 
 See docs/ARCHITECTURE.md §16b Models.
 """
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -322,7 +324,9 @@ def import_onnx(source: str | Path | Any, name: str | None = None) -> Model:
         if out.name not in ctx.values or out.name in ctx.constants:
             raise ModelError(f"{label}: output {out.name!r} is not computed by a node")
         outputs.append(ctx.values[out.name])
-    return ctx.b.build(*outputs)
+    renamed = {ctx.value_name(v.name): v.name for v in (*graph.input, *graph.output)
+               if v.name not in ctx.constants and ctx.value_name(v.name) != v.name}
+    return replace(ctx.b.build(*outputs), source_names=MappingProxyType(renamed))
 
 
 def _static_shape(ctx: _Importer, inp: Any) -> tuple[int, ...]:
