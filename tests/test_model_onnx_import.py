@@ -184,7 +184,7 @@ CONV_W = {"w": weights(2, 2, 3, 3)}
      "input 'x' has a symbolic dimension 'batch' .dimension 0.; eqsched needs "
      "static shapes"),
     (one_node("Relu", shapes={"x": [2, None]}),
-     "input 'x' has a unknown dimension .dimension 1.; eqsched needs static shapes"),
+     "input 'x' has an unknown dimension .dimension 1.; eqsched needs static shapes"),
 ])
 def test_what_eqsched_cannot_import_is_refused_in_one_line(tmp_path, proto, message):
     assert re.match(f"model.onnx: {message}", refusal(tmp_path, proto))

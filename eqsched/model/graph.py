@@ -42,7 +42,7 @@ class Node:
         return f"{self.name}{list(self.shape)} = {self.op.describe()}({', '.join(self.inputs)})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # weights are arrays: a model is equal only to itself
 class Model:
     """Inputs (name -> shape), weights (name -> float32 array), nodes in topological order, and
     the names of the output values. Build it with `ModelBuilder`. `source_names` maps an input or

@@ -28,8 +28,8 @@ from .builder import ModelBuilder
 from .graph import Model, Value
 from .op import ModelError
 
-# ONNX element types eqsched computes in (weights of other float types are converted).
-_FLOAT_TYPES = {1: "float", 10: "float16", 11: "double", 16: "bfloat16"}
+# ONNX's float, float16, double and bfloat16: inputs eqsched computes on in float32.
+_FLOAT_TYPES = frozenset({1, 10, 11, 16})
 
 
 def _onnx() -> Any:
@@ -64,15 +64,16 @@ class _Node:
             raise self.fail(f"{name}={_show(value)} is not supported")
         return value
 
-    def inputs(self, least: int, most: int) -> list[Value]:
-        """The node's data inputs (an empty name is an omitted optional input, allowed last)."""
+    def inputs(self, least: int, most: int, data: int | None = None) -> list[Value]:
+        """The node's inputs as values, or its first `data` ones when the others are constants
+        read with `constant` (an empty name is an omitted optional input, allowed last)."""
         names = list(self.proto.input)
         while names and not names[-1]:
             names.pop()
         if not least <= len(names) <= most or "" in names:
             raise self.fail(f"takes {least}" + (f" to {most}" if most > least else "")
                             + f" inputs, got {len(names)}")
-        return [self.ctx.value(self, n) for n in names]
+        return [self.ctx.value(self, n) for n in names[:data]]
 
     def constant(self, index: int) -> np.ndarray | None:
         """Input `index` as a constant array (None: omitted); an input computed at run time is
@@ -213,7 +214,7 @@ def _softmax(n: _Node) -> Value:
 
 
 def _reduce(n: _Node) -> Value:
-    (x,) = n.inputs(1, 2)[:1]
+    (x,) = n.inputs(1, 2, data=1)
     axes = n.attr("axes", None)
     given = n.constant(1)
     if given is not None:
@@ -245,7 +246,7 @@ def _transpose(n: _Node) -> Value:
 
 
 def _reshape(n: _Node) -> Value:
-    (x,) = n.inputs(2, 2)[:1]
+    (x,) = n.inputs(2, 2, data=1)
     shape = [int(d) for d in n.constant(1).reshape(-1)]  # type: ignore[union-attr]
     if n.attr("allowzero", 0, (0, 1)) and 0 in shape:
         raise n.fail("allowzero=1 with a 0 in the shape is not supported")
@@ -341,8 +342,9 @@ def _static_shape(ctx: _Importer, inp: Any) -> tuple[int, ...]:
     shape = []
     for d, dim in enumerate(tensor_type.shape.dim):
         if not dim.HasField("dim_value") or dim.dim_value < 1:
-            what = f"symbolic dimension {dim.dim_param!r}" if dim.dim_param else "unknown dimension"
-            raise ModelError(f"{ctx.source}: input {inp.name!r} has a {what} (dimension {d}); "
+            what = (f"a symbolic dimension {dim.dim_param!r}" if dim.dim_param
+                    else "an unknown dimension")
+            raise ModelError(f"{ctx.source}: input {inp.name!r} has {what} (dimension {d}); "
                              f"eqsched needs static shapes")
         shape.append(dim.dim_value)
     return tuple(shape)
