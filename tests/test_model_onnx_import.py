@@ -217,3 +217,13 @@ def test_without_the_onnx_package_the_error_says_what_to_install(monkeypatch):
     with pytest.raises(ModelError, match=r"^reading ONNX files needs the onnx package "
                                          r"\(pip install 'eqsched\[onnx\]'\)$"):
         import_onnx("model.onnx")
+
+
+def test_a_file_name_that_meets_a_folded_weight_gets_a_fresh_identifier():
+    n = helper.make_node
+    ones = np.ones(2, np.float32)
+    nodes = [n("BatchNormalization", ["x", "s", "s", "s", "s"], ["y"], name="bn"),
+             n("Mul", ["y", "y_scale"], ["z"], name="mul")]
+    proto = make_model(nodes, {"x": [1, 2, 3]}, ["z"], {"s": ones, "y_scale": weights(3)})
+    model = agrees_with_onnxruntime(proto, {"x": weights(1, 2, 3)})
+    assert model.node("z").inputs == ("y", "y_scale_2")

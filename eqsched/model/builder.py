@@ -36,6 +36,10 @@ class ModelBuilder:
 
     # ---- values -------------------------------------------------------------------------------
 
+    def __contains__(self, name: str) -> bool:
+        """Whether a value of the model being built has this name."""
+        return name in self._shapes
+
     def input(self, name: str, shape: Sequence[int]) -> Value:
         shape = tuple(shape)
         if any(not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1
@@ -88,7 +92,7 @@ class ModelBuilder:
              pads: Sequence[int] = (0, 0, 0, 0), strides: Sequence[int] = (1, 1),
              name: str | None = None) -> Value:
         """2-D convolution (NCHW); `pads` are (top, left, bottom, right)."""
-        op = Conv(tuple(int(p) for p in pads), tuple(int(s) for s in strides))  # type: ignore[arg-type]
+        op = Conv(tuple(int(p) for p in pads), tuple(int(s) for s in strides))
         return self.apply(op, [x, w] if bias is None else [x, w, bias], name)
 
     def add(self, a: Value, b: Value, name: str | None = None) -> Value:
@@ -200,7 +204,7 @@ def _resolve_shape(model: str, old: Shape, shape: Sequence[int]) -> Shape:
                          f"one may be -1")
     if -1 in new:
         known = int(np.prod([n for n in new if n != -1]))
-        if known == 0 or int(np.prod(old)) % known:
+        if int(np.prod(old)) % known:
             raise ModelError(f"{model}: cannot reshape {old} to {tuple(new)}")
         new[new.index(-1)] = int(np.prod(old)) // known
     return tuple(new)

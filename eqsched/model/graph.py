@@ -117,11 +117,12 @@ class Model:
         for n in members:
             made[n.name] = n.op.stages([operand(i) for i in n.inputs], n.shape, n.name)
             operands[n.name] = Operand(n.shape, made[n.name])
+        # A built model has no dead nodes: the set's last node at least is one of these.
         inside = {n.name for n in members}
         outputs = [made[n.name] for n in members
                    if n.name in self.outputs
                    or any(c.name not in inside for c in self.consumers(n.name))]
-        return Computation(name or self.name, outputs or [made[members[-1].name]])
+        return Computation(name or self.name, outputs)
 
     def bind(self, comp: Computation, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The arrays of `comp`'s inputs: the weights, and `values` (model inputs or values

@@ -127,8 +127,8 @@ class Conv(Operator):
     """2-D convolution, NCHW: X (N, C, H, W) * W (K, C, R, S) + B (K,) optional, zero padding
     `pads` (top, left, bottom, right), `strides` (rows, columns)."""
 
-    pads: tuple[int, int, int, int] = (0, 0, 0, 0)
-    strides: tuple[int, int] = (1, 1)
+    pads: tuple[int, ...] = (0, 0, 0, 0)  # checked: 4 of them
+    strides: tuple[int, ...] = (1, 1)
     op_type: ClassVar[str] = "Conv"
     arity: ClassVar[tuple[int, int]] = (2, 3)
 

@@ -113,7 +113,7 @@ class _Importer:
             base = base if base[0].isalpha() else f"v_{base}"
             name, k = base, 1
             taken = set(self._identifiers.values())
-            while name in taken:
+            while name in taken or name in self.b:  # the builder names folded weights too
                 k += 1
                 name = f"{base}_{k}"
             self._identifiers[onnx_name] = name
@@ -281,7 +281,8 @@ _CONVERTERS: dict[str, Callable[[_Node], Value | None]] = {
 
 
 def import_onnx(source: str | Path | Any, name: str | None = None) -> Model:
-    """The model of an ONNX file (a path) or an `onnx.ModelProto`."""
+    """The model of an ONNX file (a path) or an `onnx.ModelProto`, named `name` (by default
+    after the file, or the graph). Messages start with the file's name (or the graph's)."""
     onnx = _onnx()
     if isinstance(source, (str, Path)):
         label = Path(source).name
@@ -290,10 +291,12 @@ def import_onnx(source: str | Path | Any, name: str | None = None) -> Model:
         except Exception as e:  # a missing file, or protobuf's errors for one that is not ONNX
             first = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
             raise ModelError(f"{label}: cannot read an ONNX model: {first}") from None
+        name = name or Path(source).stem
     else:
-        proto, label = source, (source.graph.name or "model") + ".onnx"
+        proto, label = source, f"ONNX graph {source.graph.name!r}"
+        name = name or source.graph.name or "model"
     graph = proto.graph
-    ctx = _Importer(onnx, proto, label, name or graph.name or Path(label).stem)
+    ctx = _Importer(onnx, proto, label, name)
     for t in graph.initializer:
         ctx.constants[t.name] = ctx.tensor(t)
     for inp in graph.input:
