@@ -93,3 +93,36 @@ def test_a_model_is_immutable_and_prints_its_nodes():
     assert "  relu0[2, 4] = Relu(add0)" in str(model).splitlines()
     with pytest.raises(ModelError, match="no node named 'w0'"):
         model.node("w0")
+
+
+def attention_scores() -> Model:
+    """Two heads of attention scores: split q and k into heads, transpose, multiply."""
+    b = ModelBuilder("scores")
+    q, k = b.input("q", (4, 6)), b.input("k", (4, 6))
+    qh = b.transpose(b.reshape(q, (4, 2, 3), name="q_split"), (1, 0, 2), name="q_heads")
+    kh = b.transpose(b.reshape(k, (4, 2, 3), name="k_split"), (1, 2, 0), name="k_heads")
+    return b.build(b.matmul(qh, kh, name="scores"))
+
+
+def test_affine_layout_nodes_become_indexing_of_their_readers():
+    model = attention_scores()
+    comp = model.computation()
+    assert [s.name for s in comp.stages] == ["scores"]
+    assert str(comp.stages[0]) == ("scores[i0, i1, i2] = "
+                                   "sum(q[i1, i0 * 3 + r0] * k[i2, i0 * 3 + r0]) over r0")
+    assert {s.name for s in model.computation(fold_layout=False).stages} == {
+        "q_split", "q_heads", "k_split", "k_heads", "scores"}
+    check_stages(model, random_inputs(model, seed=3))
+
+
+def test_a_layout_node_read_outside_the_set_or_needing_a_division_keeps_its_stage():
+    model = attention_scores()
+    assert [s.name for s in model.computation(["q_split", "q_heads"]).stages] == ["q_heads"]
+    b = ModelBuilder("merge")
+    x = b.input("x", (2, 3, 4))
+    merged = b.reshape(b.transpose(x, (1, 0, 2), name="t"), (3, 8), name="merged")
+    model = b.build(b.relu(merged, name="y"))
+    comp = model.computation()
+    assert [s.name for s in comp.stages] == ["merged", "y"]  # t folds into merged's read
+    assert str(comp.stages[0]) == "merged[i0, i1] = x[i1 // 4, i0, i1 % 4]"
+    check_stages(model, random_inputs(model, seed=4))

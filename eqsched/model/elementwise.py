@@ -50,7 +50,7 @@ class Binary(Operator):
     def stages(self, operands: Sequence[Operand], shape: Shape, name: str) -> Tensor:
         a, b = operands
         fn = _BINARY[self.kind][1]
-        return stage(shape, lambda idx: fn(a.at(idx), b.at(idx)), name)
+        return stage(shape, lambda idx: fn(a.at(idx, shape), b.at(idx, shape)), name)
 
 
 _erf64 = np.frompyfunc(math.erf, 1, 1)

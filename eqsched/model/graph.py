@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..te import Computation, Tensor, placeholder
-from .op import ModelError, Operand, Operator, Shape, f32
+from .op import ModelError, Operand, Operator, Shape, View, f32
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,12 @@ class Model:
         return {o: env[o] for o in self.outputs}
 
     def computation(self, nodes: Iterable[str] | None = None, name: str | None = None,
-                    fold_scalars: bool = True) -> Computation:
+                    fold_scalars: bool = True, fold_layout: bool = True) -> Computation:
         """The te computation of `nodes` (all by default), in the model's order: what they read
         from outside is a placeholder of the same name (a one-element weight is folded in as its
         value when `fold_scalars`); its outputs are the nodes read outside the set or outputs of
-        the model."""
+        the model. With `fold_layout`, a layout node whose readers are all in the set and whose
+        index map is affine writes no stage: they read its input through the map."""
         names = {n.name for n in self.nodes}
         chosen = names if nodes is None else set(nodes)
         if chosen - names:
@@ -113,15 +114,20 @@ class Model:
                     operands[value] = Operand(shape, placeholder(shape or (1,), value))
             return operands[value]
 
+        inside = {n.name for n in members}
+        exported = {n.name for n in members if n.name in self.outputs
+                    or any(c.name not in inside for c in self.consumers(n.name))}
         made: dict[str, Tensor] = {}
         for n in members:
-            made[n.name] = n.op.stages([operand(i) for i in n.inputs], n.shape, n.name)
+            args = [operand(i) for i in n.inputs]
+            if (fold_layout and n.name not in exported
+                    and n.op.affine_view(args[0].shape, n.shape)):
+                operands[n.name] = View(n.shape, source=args[0], op=n.op)
+                continue
+            made[n.name] = n.op.stages(args, n.shape, n.name)
             operands[n.name] = Operand(n.shape, made[n.name])
-        # A built model has no dead nodes: the set's last node at least is one of these.
-        inside = {n.name for n in members}
-        outputs = [made[n.name] for n in members
-                   if n.name in self.outputs
-                   or any(c.name not in inside for c in self.consumers(n.name))]
+        # A built model has no dead nodes: the set's last node at least is exported.
+        outputs = [made[n.name] for n in members if n.name in exported]
         return Computation(name or self.name, outputs)
 
     def bind(self, comp: Computation, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -14,7 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..expr import Const, Expr
+from ..affine import AffineError, to_affine
+from ..expr import Const, Expr, Var
 from ..te import Tensor
 from .op import ModelError, Operand, Operator, Shape, f32, stage
 
@@ -25,6 +26,16 @@ class _Layout(Operator):
     def stages(self, operands: Sequence[Operand], shape: Shape, name: str) -> Tensor:
         (x,) = operands
         return stage(shape, lambda idx: x[self.index_map(x.shape, idx)], name)
+
+    def affine_view(self, in_shape: Shape, out_shape: Shape) -> bool:
+        index = tuple(Var(f"i{d}") for d in range(len(out_shape)))
+        ranges = {v.name: (0, n - 1) for v, n in zip(index, out_shape)}
+        try:
+            for e in self.index_map(in_shape, index):
+                to_affine(e, ranges)
+        except AffineError:
+            return False
+        return True
 
 
 @dataclass(frozen=True)

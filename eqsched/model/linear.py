@@ -12,9 +12,19 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..expr import Const, Expr, all_of, select
+from ..expr import Const, all_of, select
 from ..te import Tensor, compute, sum_
-from .op import ModelError, Operand, Operator, Shape, broadcast_shapes, f32, reduce_axes, stage
+from .op import (
+    ModelError,
+    Operand,
+    Operator,
+    Shape,
+    broadcast_index,
+    broadcast_shapes,
+    f32,
+    reduce_axes,
+    stage,
+)
 
 _ZERO = Const(0, "int")
 
@@ -51,6 +61,7 @@ class MatMul(Operator):
         a, b = operands
         (k,) = reduce_axes([a.shape[-1]])
         rank = len(shape) + (len(a.shape) == 1) + (len(b.shape) == 1)
+        batch_shape = shape[:rank - 2]  # a 1-D operand only drops matrix dimensions
 
         def body(idx):
             full = list(idx)  # the index of the result with both matrix dimensions
@@ -59,17 +70,13 @@ class MatMul(Operator):
             if len(b.shape) == 1:
                 full.append(_ZERO)
             batch, i, j = full[:rank - 2], full[-2], full[-1]
-            a_idx = (k,) if len(a.shape) == 1 else (*_batch(batch, a.shape[:-2]), i, k)
-            b_idx = (k,) if len(b.shape) == 1 else (*_batch(batch, b.shape[:-2]), k, j)
+            a_idx = (k,) if len(a.shape) == 1 else (
+                *broadcast_index(batch, batch_shape, a.shape[:-2]), i, k)
+            b_idx = (k,) if len(b.shape) == 1 else (
+                *broadcast_index(batch, batch_shape, b.shape[:-2]), k, j)
             return sum_(a[a_idx] * b[b_idx], axis=k)
 
         return stage(shape, body, name)
-
-
-def _batch(batch: Sequence[Expr], dims: Shape) -> tuple[Expr, ...]:
-    """An operand's batch index within the broadcast batch index."""
-    lead = len(batch) - len(dims)
-    return tuple(_ZERO if n == 1 else batch[lead + d] for d, n in enumerate(dims))
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,7 @@ class Gemm(Operator):
         def body(idx):
             y = product[idx] * self.alpha if self.alpha != 1 else product[idx]
             if len(operands) == 3:
-                c = operands[2].at(idx)
+                c = operands[2].at(idx, shape)
                 y = y + (c * self.beta if self.beta != 1 else c)
             return y
 

@@ -14,7 +14,8 @@ stages computing the output from te reads of the operands, so any set of nodes b
 `te.Computation` to tune. The last stage an operator writes carries the node's name; the others
 are named `<node>__<part>` (value names never hold a double underscore). A layout operator
 (`layout = True`) only moves elements: its stage is one read of its input at `index_map(out
-index)`, which a consumer can inline (the task partition folds it into indexing).
+index)`; when that index is affine, a computation has its readers read the input there instead
+(a `View`), with no stage.
 
 See docs/ARCHITECTURE.md §16b Models.
 """
@@ -54,11 +55,24 @@ class Operand:
         index = tuple(index)
         return self.tensor[index if index else (0,)]
 
-    def at(self, out_index: Sequence[Expr]) -> Expr:
-        """The element numpy broadcasting pairs with `out_index` of a (higher-rank) result."""
-        lead = len(out_index) - len(self.shape)
-        return self[tuple(Const(0, "int") if n == 1 else out_index[lead + d]
-                          for d, n in enumerate(self.shape))]
+    def at(self, out_index: Sequence[Expr], out_shape: Shape) -> Expr:
+        """The element numpy broadcasting pairs with `out_index` of a result of `out_shape`
+        (broadcast dimensions read index 0; the others read the result's own axis, so the
+        read joins the result's loop)."""
+        return self[broadcast_index(out_index, out_shape, self.shape)]
+
+
+@dataclass(frozen=True)
+class View(Operand):
+    """A layout operator's result with no stage of its own: a read of it is a read of `source`
+    at the operator's `index_map`."""
+
+    source: Operand | None = None
+    op: Operator | None = None
+
+    def __getitem__(self, index: Sequence[Expr]) -> Expr:
+        assert self.source is not None and self.op is not None
+        return self.source[self.op.index_map(self.source.shape, tuple(index))]
 
 
 class Operator:
@@ -81,6 +95,11 @@ class Operator:
         """A layout operator's input index for an output index."""
         raise NotImplementedError(f"{self.op_type} is not a layout operator")
 
+    def affine_view(self, in_shape: Shape, out_shape: Shape) -> bool:
+        """Whether this is a layout operator whose input index is an affine function of the
+        output index (no division left): then its readers can read its input directly."""
+        return False
+
     def describe(self) -> str:
         """The operator and its attributes, as error messages and model listings print it."""
         attrs = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
@@ -99,6 +118,14 @@ def stage(shape: Shape, body: Callable[[tuple[Var, ...]], Expr | Reduce], name: 
 def reduce_axes(extents: Sequence[int]) -> tuple[ReduceAxis, ...]:
     """Reduce axes `r0, r1, ...` (named apart from a stage's spatial `i0, i1, ...`)."""
     return tuple(reduce_axis(n, f"r{d}") for d, n in enumerate(extents))
+
+
+def broadcast_index(out_index: Sequence[Expr], out_shape: Shape, shape: Shape
+                    ) -> tuple[Expr, ...]:
+    """The index into `shape` that numpy broadcasting pairs with `out_index` of `out_shape`."""
+    lead = len(out_shape) - len(shape)
+    return tuple(out_index[lead + d] if n == out_shape[lead + d] else Const(0, "int")
+                 for d, n in enumerate(shape))
 
 
 def broadcast_shapes(op_type: str, *shapes: Shape) -> Shape:
@@ -122,5 +149,6 @@ def f32(array: np.ndarray | float) -> np.ndarray:
     return out if out.flags.c_contiguous else out.copy()
 
 
-__all__ = ["ModelError", "Operand", "Operator", "Shape", "broadcast_shapes", "f32",
+__all__ = ["ModelError", "Operand", "Operator", "Shape", "View", "broadcast_index",
+           "broadcast_shapes", "f32",
            "normalize_axis", "reduce_axes", "stage"]

@@ -163,8 +163,8 @@ class LayerNorm(Operator):
 
         def normalized(idx):
             row = idx[:axis]
-            y = (x[idx] - mean[row]) / sqrt(var[row] + self.epsilon) * scale.at(idx)
-            return y + operands[2].at(idx) if len(operands) == 3 else y
+            y = (x[idx] - mean[row]) / sqrt(var[row] + self.epsilon) * scale.at(idx, shape)
+            return y + operands[2].at(idx, shape) if len(operands) == 3 else y
 
         return stage(shape, normalized, name)
 
