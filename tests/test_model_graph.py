@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 from model_checks import check_stages, random_inputs
 
+from eqsched.backend import compile_program
+from eqsched.egraph.derive import realize
+from eqsched.egraph.space import build_space
+from eqsched.ir import naive_program
 from eqsched.model import Model, ModelBuilder, ModelError
+from eqsched.reference import compare, reference, tolerance
+from eqsched.rules import default_rules
 
 
 def small_mlp() -> Model:
@@ -126,3 +132,18 @@ def test_a_layout_node_read_outside_the_set_or_needing_a_division_keeps_its_stag
     assert [s.name for s in comp.stages] == ["merged", "y"]  # t folds into merged's read
     assert str(comp.stages[0]) == "merged[i0, i1] = x[i1 // 4, i0, i1 % 4]"
     check_stages(model, random_inputs(model, seed=4))
+
+
+def test_a_computation_is_tunable_as_a_workload_is():
+    """The space of a computation with folded layout nodes holds programs that compute it."""
+    model = attention_scores()
+    comp = model.computation()
+    naive = naive_program(comp)
+    space = build_space(naive, default_rules())
+    assert space.count() > 1000
+    feeds = model.bind(comp, random_inputs(model, seed=5))
+    want = reference(comp, feeds)
+    for term, sizes in space.sample(4, seed=1):
+        ok, _, message = compare(compile_program(realize(term, sizes, naive)).run(feeds), want,
+                                 tolerance(comp))
+        assert ok, message
