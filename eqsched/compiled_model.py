@@ -41,10 +41,14 @@ from .ir import Block, Loop, Program, naive_program
 from .model.graph import Model
 from .model.op import ModelError, f32
 from .model.tasks import Task, extract_tasks
+from .reference import compare
 from .schedule import Schedule, ScheduleError
 from .te import Computation
 
-RTOL = 1e-3  # float32 kernels against float32 numpy: summation order and erf's approximation
+# rtol and atol (`reference.compare`, atol relative to each output's largest magnitude): float32
+# kernels against float32 evaluations differ by summation order and erf's approximation; a wrong
+# kernel is off by the values' own size.
+TOLERANCE = 1e-3
 
 
 def task_key(comp: Computation) -> tuple[str, list[int]]:
@@ -285,25 +289,9 @@ class CompiledModel:
 
 def _compare(ours: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndarray],
              against: str) -> Verdict:
-    """Every output within RTOL of the expected values, relative to each output's largest
-    magnitude (a softmax's small entries are compared at the scale of its large ones)."""
-    worst, problems = 0.0, []
-    for name, expected in theirs.items():
-        got = ours[name]
-        expected = np.asarray(expected, np.float32).reshape(got.shape)
-        error = np.abs(got.astype(np.float64) - expected)
-        finite = bool(np.isfinite(got).all())
-        err = float(error.max()) if error.size and finite else (0.0 if finite else math.inf)
-        worst = max(worst, err)
-        scale = max(float(np.abs(expected).max()) if expected.size else 0.0, 1e-30)
-        if not finite or err > RTOL * scale:
-            at = np.unravel_index(int(np.nanargmax(np.where(np.isfinite(error), error, np.inf))),
-                                  got.shape) if got.size else ()
-            problems.append(f"{name} differs by {err:.3g} at {tuple(int(i) for i in at)} "
-                            f"(scale {scale:.3g})")
-    if problems:
-        return Verdict(False, worst, f"wrong against {against}: " + "; ".join(problems))
-    return Verdict(True, worst, f"correct against {against}: max abs error {worst:.3g}")
+    expected = {k: np.asarray(v, np.float64).reshape(ours[k].shape) for k, v in theirs.items()}
+    ok, max_error, message = compare(ours, expected, (TOLERANCE, TOLERANCE))
+    return Verdict(ok, max_error, f"{'correct' if ok else 'wrong'} against {against}: {message}")
 
 
 __all__ = ["CompiledModel", "TaskKernel", "Verdict", "default_program", "task_key"]

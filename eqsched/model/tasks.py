@@ -13,8 +13,7 @@ the value it has so far is read by that one node only and is no output of the mo
 bias, scale, activation, residual). (2) In reverse topological order, a node left over joins the
 group of its readers when they are all in one group (a prologue: a layout node becomes indexing
 there, `Model.computation`'s `fold_layout`, and an elementwise producer a stage the schedule may
-inline), unless the group already holds one of its ancestors (that would make a cycle between
-groups); otherwise it starts a group of its own, which its own producers may join: a chain of
+inline); otherwise it starts a group of its own, which its own producers may join: a chain of
 elementwise nodes with no anchor is one task. Two reductions never share a task.
 
 Each group becomes `Model.computation(nodes)` renamed canonically: placeholders `in0, in1, ...`
@@ -95,19 +94,16 @@ def partition(model: Model) -> list[tuple[str, ...]]:
             last = readers[last][0]
             group[last] = group[n.name]
             members[group[n.name]].append(last)
-    ancestors = _ancestors(model)
-    for n in reversed(model.nodes):  # (2) prologues, and groups without an anchor
+    # (2) prologues, and groups without an anchor. No join makes a cycle between groups: only a
+    # group's last node has readers outside it, and every other member is its ancestor.
+    for n in reversed(model.nodes):
         if n.name in group:
             continue
-        joined = {group[r] for r in readers[n.name]}
-        if len(joined) == 1:
-            (g,) = joined
-            if not any(a in ancestors[n.name] for a in members[g]):
-                group[n.name] = g
-                members[g].append(n.name)
-                continue
-        group[n.name] = len(members)
-        members.append([n.name])
+        joined = {group[r] for r in readers[n.name]}  # later nodes: all placed already
+        group[n.name] = joined.pop() if len(joined) == 1 else len(members)
+        if group[n.name] == len(members):
+            members.append([])
+        members[group[n.name]].append(n.name)
     groups = [tuple(sorted(m, key=order.__getitem__)) for m in members]
     return _topological(model, groups, group)
 
@@ -138,17 +134,6 @@ def extract_tasks(model: Model, fold_layout: bool = True) -> list[Task]:
 
 def _input_names(comp: Computation) -> set[str]:
     return {t.name for t in comp.inputs}
-
-
-def _ancestors(model: Model) -> dict[str, set[str]]:
-    """Every node's ancestors among the nodes (not inputs or weights)."""
-    out: dict[str, set[str]] = {}
-    for n in model.nodes:
-        out[n.name] = set()
-        for i in n.inputs:
-            if i in out:
-                out[n.name] |= out[i] | {i}
-    return out
 
 
 def _topological(model: Model, groups: list[tuple[str, ...]], group: Mapping[str, int]
