@@ -9,10 +9,11 @@ else a default schedule) called at each place the task occurs, over buffers plan
     compiled.kernels["matmul_add_relu"].source # "database" or "default"
 
 Tasks come from `model.tasks.extract_tasks`. A task's program is looked up under `task_key` (the
-key its tuning stores measurements under): the fastest correct record for the compile target, its
-trace replayed on the task's naive program. A task never tuned (or tuned for another target) runs
-`default_program`: the naive program with each nest's innermost stored axis moved innermost and
-vectorized where legality allows, so an untuned model still runs, and runs sensibly.
+key its tuning stores measurements under): the fastest correct record for the compile target and
+thread count (`best_record`), its trace replayed on the task's naive program. A task never tuned
+(or tuned for another target) runs `default_program`: the naive program with each nest's
+innermost stored axis moved innermost and vectorized where legality allows, so an untuned model
+still runs, and runs sensibly.
 
 Buffers: weights are bound once (aligned copies); each value computed by one task and read by
 another gets an aligned buffer at construction, and a buffer whose value has no reader left is
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, compile_program
-from .db import Database
+from .db import Database, Record
 from .ir import Block, Loop, Program, naive_program
 from .model.graph import Model
 from .model.op import ModelError, f32
@@ -55,6 +56,19 @@ def task_key(comp: Computation) -> tuple[str, list[int]]:
     """The (workload, size) a task's measurements are stored under: its name with its naive
     program's hash, no size (the scheme of `explore.computation_key`, which task tuning uses)."""
     return f"{comp.name}@{naive_program(comp).hash()}", []
+
+
+def best_record(database: Database, comp: Computation, options: CompileOptions
+                ) -> Record | None:
+    """The fastest correct measurement of the task on this machine for the options' target,
+    among programs without parallel loops and those measured with the options' thread count
+    (their measurement key says it: `<hash>/threads=<n>`)."""
+    workload, size = task_key(comp)
+    threads = f"threads={options.thread_count}"
+    usable = [r for r in database.records(workload, size, target=options.target.spec)
+              if r.correct and r.error is None and r.median_s is not None
+              and r.program_hash.partition("/")[2] in ("", threads)]
+    return min(usable, key=lambda r: r.median_s, default=None)
 
 
 def default_program(comp: Computation, lanes: int) -> Program:
@@ -138,13 +152,12 @@ class CompiledModel:
             if database is not None and database is not db:
                 database.close()
         self._weights = {k: aligned_copy(w.reshape(-1)) for k, w in model.weights.items()}
+        self._buffers: list[np.ndarray] = []  # every planned buffer, once
         self._calls, self._outputs = self._plan()
 
     def _kernel(self, task: Task, database: Database | None) -> TaskKernel:
         comp = task.computation
-        record = None
-        if database is not None:
-            record = database.best(*task_key(comp), target=self.options.target.spec)
+        record = best_record(database, comp, self.options) if database is not None else None
         if record is not None:
             program = Schedule.replay(naive_program(comp), record.trace).program
             if program.hash() != record.program_hash.partition("/")[0]:
@@ -172,8 +185,11 @@ class CompiledModel:
                 size = max(math.prod(self.model.shape(value)), 1)
                 fits = [] if value in self.model.outputs else [
                     j for j, b in enumerate(free) if b.size >= size]
-                buffer = (free.pop(min(fits, key=lambda j: free[j].size)) if fits
-                          else aligned_empty((size,)))
+                if fits:
+                    buffer = free.pop(min(fits, key=lambda j: free[j].size))
+                else:
+                    buffer = aligned_empty((size,))
+                    self._buffers.append(buffer)
                 owner[value], planned[value] = buffer, buffer[:size]
             kern = self.kernels[task.name].kernel
             names = {**occ.inputs, **occ.outputs}
@@ -188,6 +204,11 @@ class CompiledModel:
                         and value not in self.model.outputs):
                     free.append(owner[value])
         return calls, {o: planned[o] for o in self.model.outputs if o in planned}
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The bytes of the buffers planned for values computed by tasks (outputs included)."""
+        return sum(b.nbytes for b in self._buffers)
 
     # ---- calling ----------------------------------------------------------------------------
 
@@ -294,4 +315,5 @@ def _compare(ours: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndarray],
     return Verdict(ok, max_error, f"{'correct' if ok else 'wrong'} against {against}: {message}")
 
 
-__all__ = ["CompiledModel", "TaskKernel", "Verdict", "default_program", "task_key"]
+__all__ = ["CompiledModel", "TaskKernel", "Verdict", "best_record", "default_program",
+           "task_key"]
