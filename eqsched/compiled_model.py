@@ -41,7 +41,7 @@ from .db import Database, Record
 from .ir import Block, Loop, Program, naive_program
 from .model.graph import Model
 from .model.op import ModelError, f32
-from .model.tasks import Task, extract_tasks
+from .model.tasks import ModelTask, extract_tasks
 from .reference import compare
 from .schedule import Schedule, ScheduleError
 from .te import Computation
@@ -49,7 +49,7 @@ from .te import Computation
 # rtol and atol (`reference.compare`, atol relative to each output's largest magnitude): float32
 # kernels against float32 evaluations differ by summation order and erf's approximation; a wrong
 # kernel is off by the values' own size.
-TOLERANCE = 1e-3
+TOLERANCE = 1e-4
 
 
 def task_key(comp: Computation) -> tuple[str, list[int]]:
@@ -107,7 +107,7 @@ class TaskKernel:
     """A task's compiled program and where it came from: "database" (with the stored median
     seconds of the record) or "default"."""
 
-    task: Task
+    task: ModelTask
     program: Program
     kernel: Kernel
     source: str
@@ -139,7 +139,7 @@ class CompiledModel:
     task runs its default schedule."""
 
     def __init__(self, model: Model, *, db: str | Path | Database | None = None,
-                 options: CompileOptions | None = None, tasks: list[Task] | None = None):
+                 options: CompileOptions | None = None, tasks: list[ModelTask] | None = None):
         self.model = model
         self.options = options or CompileOptions()
         self.tasks = tasks if tasks is not None else extract_tasks(model)
@@ -155,7 +155,7 @@ class CompiledModel:
         self._buffers: list[np.ndarray] = []  # every planned buffer, once
         self._calls, self._outputs = self._plan()
 
-    def _kernel(self, task: Task, database: Database | None) -> TaskKernel:
+    def _kernel(self, task: ModelTask, database: Database | None) -> TaskKernel:
         comp = task.computation
         record = best_record(database, comp, self.options) if database is not None else None
         if record is not None:

@@ -52,8 +52,9 @@ class Occurrence:
 
 
 @dataclass(frozen=True)
-class Task:
-    """A fused subgraph of a model as one canonical computation, `weight` times in the model."""
+class ModelTask:
+    """A fused subgraph of a model as one canonical computation, `weight` times in the model
+    (task tuning takes `task_tuning.Task(t.name, t.computation, t.weight)`)."""
 
     name: str
     computation: Computation
@@ -108,7 +109,7 @@ def partition(model: Model) -> list[tuple[str, ...]]:
     return _topological(model, groups, group)
 
 
-def extract_tasks(model: Model, fold_layout: bool = True) -> list[Task]:
+def extract_tasks(model: Model, fold_layout: bool = True) -> list[ModelTask]:
     """The model's tasks, in the order the model first runs them."""
     keyed: dict[str, tuple[Computation, list[Occurrence], str]] = {}
     for position, nodes in enumerate(partition(model)):
@@ -128,7 +129,7 @@ def extract_tasks(model: Model, fold_layout: bool = True) -> list[Task]:
             k += 1
             name = f"{base}_{k}"
         used.add(name)
-        tasks.append(Task(name, comp, key, tuple(occurrences)))
+        tasks.append(ModelTask(name, comp, key, tuple(occurrences)))
     return tasks
 
 
@@ -213,4 +214,4 @@ def _text(outputs: Sequence[Tensor]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Occurrence", "Task", "extract_tasks", "is_anchor", "partition"]
+__all__ = ["ModelTask", "Occurrence", "extract_tasks", "is_anchor", "partition"]
