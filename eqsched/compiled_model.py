@@ -136,7 +136,7 @@ class _Call:
 class CompiledModel:
     """`model` compiled task by task (see the module docstring); call it on a mapping of input
     name to array. `db` (a path or an open Database) supplies tuned programs; without it every
-    task runs its default schedule."""
+    task runs its default schedule. Calls share the planned buffers: one call at a time."""
 
     def __init__(self, model: Model, *, db: str | Path | Database | None = None,
                  options: CompileOptions | None = None, tasks: list[ModelTask] | None = None):

@@ -17,7 +17,7 @@ from eqsched.egraph.saturate import Limits, saturate
 from eqsched.egraph.space import Space
 from eqsched.egraph.term import vector_lanes
 from eqsched.ir import LoopKind, naive_program
-from eqsched.model import ModelBuilder, ModelError, get_model, import_onnx
+from eqsched.model import ModelBuilder, ModelError, get_model, import_onnx, save_onnx
 from eqsched.model.tasks import extract_tasks
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.rules import resolve
@@ -179,12 +179,16 @@ def test_an_imported_onnx_model_runs_end_to_end_and_agrees_with_onnxruntime(tmp_
     assert verdict.correct is False and "probs_out" in verdict.message
 
 
-def test_a_built_in_model_is_checked_against_onnxruntime_through_its_export():
+@pytest.mark.parametrize("name,params", SMALL)
+def test_a_built_in_model_exported_to_onnx_and_imported_agrees_with_onnxruntime(name, params,
+                                                                               tmp_path):
     pytest.importorskip("onnx", reason="the onnx extra is not installed")
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
-    compiled = CompiledModel(get_model("resnet_block", channels=4, size=6), options=ONE_THREAD)
-    verdict = compiled.check_onnxruntime()
-    assert verdict.correct, verdict.message
+    path = save_onnx(get_model(name, **params), tmp_path / f"{name}.onnx")
+    compiled = CompiledModel(import_onnx(path), options=ONE_THREAD)
+    for verdict in (compiled.check(seed=4), compiled.check_onnxruntime(path, seed=4),
+                    compiled.check_onnxruntime(seed=4)):  # the file, and the model's export
+        assert verdict.correct, verdict.message
 
 
 def test_a_model_whose_output_is_read_by_another_task_keeps_its_own_buffer():
@@ -195,3 +199,12 @@ def test_a_model_whose_output_is_read_by_another_task_keeps_its_own_buffer():
     compiled = CompiledModel(model, options=ONE_THREAD)
     verdict = compiled.check()
     assert verdict.correct, verdict.message
+
+
+def test_an_output_that_is_an_input_of_the_model_is_returned_as_given():
+    b = ModelBuilder("passthrough")
+    x = b.input("x", (3,))
+    compiled = CompiledModel(b.build(b.relu(x, name="r"), x), options=ONE_THREAD)
+    out = compiled({"x": np.array([-1.0, 0.5, 2.0])})
+    np.testing.assert_array_equal(out["x"], np.array([-1.0, 0.5, 2.0], np.float32))
+    np.testing.assert_array_equal(out["r"], np.array([0.0, 0.5, 2.0], np.float32))
