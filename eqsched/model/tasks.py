@@ -106,7 +106,7 @@ def partition(model: Model) -> list[tuple[str, ...]]:
             members.append([])
         members[group[n.name]].append(n.name)
     groups = [tuple(sorted(m, key=order.__getitem__)) for m in members]
-    return _topological(model, groups, group)
+    return _topological(model, groups, group, order)
 
 
 def extract_tasks(model: Model, fold_layout: bool = True) -> list[ModelTask]:
@@ -137,23 +137,19 @@ def _input_names(comp: Computation) -> set[str]:
     return {t.name for t in comp.inputs}
 
 
-def _topological(model: Model, groups: list[tuple[str, ...]], group: Mapping[str, int]
-                 ) -> list[tuple[str, ...]]:
+def _topological(model: Model, groups: list[tuple[str, ...]], group: Mapping[str, int],
+                 order: Mapping[str, int]) -> list[tuple[str, ...]]:
     """The groups in an order that runs each after those it reads (ties: the model's order of
-    their first nodes)."""
+    their first nodes; each group lists its nodes in the model's order)."""
     needs = [{group[i] for name in g for i in model.node(name).inputs if i in group} - {k}
              for k, g in enumerate(groups)]
-    first = {k: min(_index(model, name) for name in g) for k, g in enumerate(groups)}
+    first = {k: order[g[0]] for k, g in enumerate(groups)}
     done: list[int] = []
     while len(done) < len(groups):
         ready = [k for k in range(len(groups)) if k not in done and needs[k] <= set(done)]
         assert ready, "the fusion rules keep the groups acyclic"
         done.append(min(ready, key=first.__getitem__))
     return [groups[k] for k in done]
-
-
-def _index(model: Model, name: str) -> int:
-    return next(k for k, n in enumerate(model.nodes) if n.name == name)
 
 
 def _base_name(model: Model, nodes: Sequence[str]) -> str:
