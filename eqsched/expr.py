@@ -19,7 +19,7 @@ ExprLike = Union["Expr", int, float]
 
 FLOAT_BINOPS = ("+", "-", "*", "/", "max", "min")
 INT_BINOPS = ("+", "-", "*", "//", "%", "max", "min")
-UNARY_FNS = ("exp", "sqrt", "log", "neg", "abs", "tanh")
+UNARY_FNS = ("exp", "sqrt", "log", "neg", "abs", "tanh", "erf")
 CMP_OPS = ("<", "<=", "==", "!=", ">=", ">")
 
 
@@ -208,6 +208,7 @@ exp = _unary("exp")
 sqrt = _unary("sqrt")
 log = _unary("log")
 tanh = _unary("tanh")
+erf = _unary("erf")
 
 
 def maximum(a: ExprLike, b: ExprLike) -> Expr:

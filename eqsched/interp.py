@@ -192,4 +192,4 @@ _CMP_OPS = {
     "and": lambda a, b: a and b,
 }
 _MATH = {"exp": _exp, "sqrt": _sqrt, "log": _log, "neg": lambda x: -x, "abs": abs,
-         "tanh": math.tanh}
+         "tanh": math.tanh, "erf": math.erf}

@@ -21,6 +21,8 @@ import numpy as np
 from .expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from .te import Computation, Stage, WorkloadError
 
+_erf = np.frompyfunc(math.erf, 1, 1)
+
 BUDGET_BYTES = 64 << 20
 _ELEMENTS = BUDGET_BYTES // 8  # float64
 
@@ -35,6 +37,8 @@ _CMP_OPS: dict[str, Callable] = {
 _CALLS: dict[str, Callable] = {
     "exp": np.exp, "sqrt": np.sqrt, "log": np.log, "neg": np.negative, "abs": np.abs,
     "tanh": np.tanh,
+    # numpy has no erf ufunc; math.erf per element is exact in float64 and fast enough here.
+    "erf": lambda x: np.asarray(_erf(x), np.float64),
 }
 
 

@@ -107,9 +107,9 @@ FILLS = {"l1_fill": ("L1d", "L2"), "l2_fill": ("L2", "L3"), "dram": ("L3", "DRAM
 # lines in the L3 (hashed across slices).
 PRESSURE = {"l1_fill": "l1_pressure", "l2_fill": "l2_pressure", "dram": "lines"}
 CACHE_SHARE = {"l1_fill": 0.75, "l2_fill": 0.75, "dram": 0.5}
-# ALU ops per evaluation; exp/log/tanh are the backend's straight-line vector math.
+# ALU ops per evaluation; exp/log/tanh/erf are the backend's straight-line vector math.
 OP_COST = {"+": 1, "-": 1, "*": 1, "/": 5, "max": 2, "min": 2}
-CALL_COST = {"exp": 30, "log": 38, "tanh": 50, "sqrt": 6, "abs": 1, "neg": 1}
+CALL_COST = {"exp": 30, "log": 38, "tanh": 50, "erf": 20, "sqrt": 6, "abs": 1, "neg": 1}
 
 THROUGHPUT_KEYS = ("compute", "loads", "stores", "issue", "latency", "l1_fill", "l2_fill", "dram")
 KEYS = THROUGHPUT_KEYS + ("spills", "loop_overhead", "parallel", "copies", "total")

@@ -1,10 +1,14 @@
 """The numpy oracle: stage-by-stage evaluation, chunking, guarded loads, inputs and tolerances."""
 
+import math
+
 import numpy as np
 import pytest
 
 import eqsched.reference as ref_mod
-from eqsched.expr import all_of, exp, log, select, sqrt, tanh
+from eqsched.expr import all_of, erf, exp, log, select, sqrt, tanh
+from eqsched.interp import run_program
+from eqsched.ir import naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.te import Computation, WorkloadError, compute, max_, placeholder, reduce_axis, sum_
 from eqsched.workloads import get_workload
@@ -78,6 +82,16 @@ def test_math_functions_and_index_arithmetic():
     flat = i * 2 + j
     want = np.tanh(np.sqrt(np.exp(xd[flat])) + np.log(xd[flat % 12])) + xd[(i + 6) // 2 - 3 + j]
     np.testing.assert_allclose(reference(comp, {"X": x})["Y"], want, rtol=1e-12)
+
+
+def test_erf_is_exact_in_the_reference_and_the_interpreter():
+    """numpy has no erf: the oracle takes math.erf per element (GELU's exact form needs it)."""
+    X = placeholder((7,), "X")
+    comp = Computation("erf", [compute((7,), lambda i: erf(X[i]), "Y")])
+    x = np.array([-3.0, -1.0, -0.1, 0.0, 1e-6, 0.7, 5.0], np.float32)
+    want = [math.erf(float(v)) for v in x]
+    np.testing.assert_allclose(reference(comp, {"X": x})["Y"], want, rtol=1e-15)
+    np.testing.assert_allclose(run_program(naive_program(comp), {"X": x})["Y"], want, rtol=1e-6)
 
 
 def test_intermediates_stay_in_float64():

@@ -461,7 +461,7 @@ class _FunctionEmitter:
             return math.call("fabs", x)
         if fn == "sqrt":
             return math.call("sqrt", x)
-        if fn in ("exp", "log", "tanh"):
+        if fn in ("exp", "log", "tanh", "erf"):
             return getattr(math, fn)(x)
         raise BackendError(f"unknown math function {fn!r}")
 

@@ -1,4 +1,4 @@
-"""exp, log and tanh as straight-line float32 code, scalar or `<L x float>` alike; broadcasting.
+"""exp, log, tanh and erf as straight-line float32 code, scalar or `<L x float>`; broadcasting.
 
 LLVM's `llvm.exp`/`llvm.log` intrinsics become one libm call per lane, so a vectorized loop with an
 exp in it would run at scalar speed. These are the Cephes/SLEEF algorithms: range reduction, a
@@ -134,6 +134,25 @@ class MathEmitter:
         big = b.fsub(self.f(1.0), b.fdiv(self.f(2.0), b.fadd(e2, self.f(1.0))))
         big = self.call("copysign", big, x)
         r = self.pick(b.fcmp_ordered("<", ax, self.f(0.625)), small, big)
+        return self.pick(b.fcmp_unordered("uno", x, x), x, r)
+
+    def erf(self, x: ir.Value) -> ir.Value:
+        b = self.b
+        # erf is +-1 in float32 beyond |x| = 4; clamping there keeps the rational function (odd
+        # numerator over even denominator, the approximation Eigen's and XLA's float erf use) on
+        # the interval it was fitted to. NaN, which the clamps drop, is put back last.
+        xc = self.call("maxnum", self.call("minnum", x, self.f(4.0)), self.f(-4.0))
+        z = b.fmul(xc, xc)
+        p = self.poly(z, [
+            -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+            -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+            -1.60960333262415e-02,
+        ])
+        q = self.poly(z, [
+            -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+            -7.37332916720468e-03, -1.42647390514189e-02,
+        ])
+        r = b.fdiv(b.fmul(p, xc), q)
         return self.pick(b.fcmp_unordered("uno", x, x), x, r)
 
 

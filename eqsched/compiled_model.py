@@ -1,0 +1,319 @@
+"""A whole model as one callable: each task's kernel (the best program the database holds for it,
+else a default schedule) called at each place the task occurs, over buffers planned once.
+
+    compiled = CompiledModel(get_model("mlp"), db="eqsched.db", options=CompileOptions(threads=1))
+    compiled({"x": image})["logits"]           # numpy in, numpy out
+    compiled.check()                           # against Model.evaluate: a Verdict
+    compiled.check_onnxruntime()               # against onnxruntime, when installed
+    compiled.time(repeats=20)                  # median seconds of one call
+    compiled.kernels["matmul_add_relu"].source # "database" or "default"
+
+Tasks come from `model.tasks.extract_tasks`. A task's program is looked up under `task_key` (the
+key its tuning stores measurements under): the fastest correct record for the compile target and
+thread count (`best_record`), its trace replayed on the task's naive program. A task never tuned
+(or tuned for another target) runs `default_program`: the naive program with each nest's
+innermost stored axis moved innermost and vectorized where legality allows, so an untuned model
+still runs, and runs sensibly.
+
+Buffers: weights are bound once (aligned copies); each value computed by one task and read by
+another gets an aligned buffer at construction, and a buffer whose value has no reader left is
+reused by a later value that fits in it (never by an output of the task reading it: kernels'
+pointers are `noalias`). Model outputs get buffers of their own, copied out on each call. The
+threads and the target are the compile options', as everywhere in the backend.
+
+See docs/ARCHITECTURE.md §16d Tasks and compiled models.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time as _time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, compile_program
+from .db import Database, Record
+from .ir import Block, Loop, Program, naive_program
+from .model.graph import Model
+from .model.op import ModelError, f32
+from .model.tasks import ModelTask, extract_tasks
+from .reference import compare
+from .schedule import Schedule, ScheduleError
+from .te import Computation
+
+# rtol and atol (`reference.compare`, atol relative to each output's largest magnitude): float32
+# kernels against float32 evaluations differ by summation order and erf's approximation; a wrong
+# kernel is off by the values' own size.
+TOLERANCE = 1e-4
+
+
+def task_key(comp: Computation) -> tuple[str, list[int]]:
+    """The (workload, size) a task's measurements are stored under: its name with its naive
+    program's hash, no size (the scheme of `explore.computation_key`, which task tuning uses)."""
+    return f"{comp.name}@{naive_program(comp).hash()}", []
+
+
+def best_record(database: Database, comp: Computation, options: CompileOptions
+                ) -> Record | None:
+    """The fastest correct measurement of the task on this machine for the options' target,
+    among programs without parallel loops and those measured with the options' thread count
+    (their measurement key says it: `<hash>/threads=<n>`)."""
+    workload, size = task_key(comp)
+    threads = f"threads={options.thread_count}"
+    usable = [r for r in database.records(workload, size, target=options.target.spec)
+              if r.correct and r.error is None and r.median_s is not None
+              and r.program_hash.partition("/")[2] in ("", threads)]
+    return min(usable, key=lambda r: r.median_s, default=None)
+
+
+def default_program(comp: Computation, lanes: int) -> Program:
+    """The naive program with, in each nest, the loop of the innermost stored axis moved
+    innermost (past a reduction's axes) and vectorized `lanes` wide (split when longer), kept
+    only when legal: the schedule a task nobody tuned runs."""
+    sch = Schedule(naive_program(comp))
+    for root in sch.program.body:
+        chain, node = [], root
+        while isinstance(node, Loop) and len(node.body) == 1:
+            chain.append(node)
+            node = node.body[0]
+        if not isinstance(node, Block) or not chain:
+            continue
+        spatial = [a.name for a in node.axes if a.kind == "spatial"]
+        loop = next((lp for lp in chain if spatial and lp.name.endswith(f".{spatial[-1]}")), None)
+        if loop is None:
+            continue
+        trial = sch.fork()
+        try:
+            if chain[-1].name != loop.name:
+                trial.reorder(chain[-1].name, loop.name)
+            if loop.extent > lanes:
+                trial.split(loop.name, [-1, lanes])
+                trial.vectorize(f"{loop.name}.1")
+            else:
+                trial.vectorize(loop.name)
+        except ScheduleError:
+            continue  # e.g. a gathered store: this nest stays as it is
+        sch = trial
+    return sch.program
+
+
+@dataclass(frozen=True)
+class TaskKernel:
+    """A task's compiled program and where it came from: "database" (with the stored median
+    seconds of the record) or "default"."""
+
+    task: ModelTask
+    program: Program
+    kernel: Kernel
+    source: str
+    stored_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An end-to-end check: `correct` (None: not checked, `message` says why), the largest
+    absolute error over the outputs, and one line saying what was compared."""
+
+    correct: bool | None
+    max_error: float
+    message: str
+
+    def __bool__(self) -> bool:
+        return bool(self.correct)
+
+
+@dataclass
+class _Call:
+    kernel: Kernel
+    args: list[np.ndarray | str]  # a planned array, or the name of a model input
+
+
+class CompiledModel:
+    """`model` compiled task by task (see the module docstring); call it on a mapping of input
+    name to array. `db` (a path or an open Database) supplies tuned programs; without it every
+    task runs its default schedule. Calls share the planned buffers: one call at a time."""
+
+    def __init__(self, model: Model, *, db: str | Path | Database | None = None,
+                 options: CompileOptions | None = None, tasks: list[ModelTask] | None = None):
+        self.model = model
+        self.options = options or CompileOptions()
+        self.tasks = tasks if tasks is not None else extract_tasks(model)
+        self.kernels: dict[str, TaskKernel] = {}
+        database = Database(db, readonly=True) if isinstance(db, (str, Path)) else db
+        try:
+            for task in self.tasks:
+                self.kernels[task.name] = self._kernel(task, database)
+        finally:
+            if database is not None and database is not db:
+                database.close()
+        self._weights = {k: aligned_copy(w.reshape(-1)) for k, w in model.weights.items()}
+        self._buffers: list[np.ndarray] = []  # every planned buffer, once
+        self._calls, self._outputs = self._plan()
+
+    def _kernel(self, task: ModelTask, database: Database | None) -> TaskKernel:
+        comp = task.computation
+        record = best_record(database, comp, self.options) if database is not None else None
+        if record is not None:
+            program = Schedule.replay(naive_program(comp), record.trace).program
+            if program.hash() != record.program_hash.partition("/")[0]:
+                raise ModelError(f"{self.model.name}: task {task.name}: the stored trace of "
+                                 f"{record.program_hash} rebuilds another program")
+            return TaskKernel(task, program, compile_program(program, self.options), "database",
+                              record.median_s)
+        program = default_program(comp, self.options.target.vector_lanes)
+        return TaskKernel(task, program, compile_program(program, self.options), "default")
+
+    def _plan(self) -> tuple[list[_Call], dict[str, np.ndarray]]:
+        """The calls in running order, each with its arrays bound, and the outputs' buffers."""
+        steps = sorted(((occ, task) for task in self.tasks for occ in task.occurrences),
+                       key=lambda step: step[0].position)
+        last_read: dict[str, int] = {}
+        for k, (occ, _) in enumerate(steps):
+            for value in occ.inputs.values():
+                last_read[value] = k
+        planned: dict[str, np.ndarray] = {}  # value -> its flat view of a buffer
+        owner: dict[str, np.ndarray] = {}  # value -> that whole buffer
+        free: list[np.ndarray] = []
+        calls = []
+        for k, (occ, task) in enumerate(steps):
+            for value in occ.outputs.values():
+                size = max(math.prod(self.model.shape(value)), 1)
+                fits = [] if value in self.model.outputs else [
+                    j for j, b in enumerate(free) if b.size >= size]
+                if fits:
+                    buffer = free.pop(min(fits, key=lambda j: free[j].size))
+                else:
+                    buffer = aligned_empty((size,))
+                    self._buffers.append(buffer)
+                owner[value], planned[value] = buffer, buffer[:size]
+            kern = self.kernels[task.name].kernel
+            names = {**occ.inputs, **occ.outputs}
+            args: list[np.ndarray | str] = []
+            for buf in (*kern.program.inputs, *kern.program.outputs):
+                value = names[buf.name]
+                source = planned.get(value, self._weights.get(value))
+                args.append(value if source is None else source.reshape(buf.shape))
+            calls.append(_Call(kern, args))
+            for value in set(occ.inputs.values()):
+                if (last_read.get(value) == k and value in planned
+                        and value not in self.model.outputs):
+                    free.append(owner[value])
+        return calls, {o: planned[o] for o in self.model.outputs if o in planned}
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The bytes of the buffers planned for values computed by tasks (outputs included)."""
+        return sum(b.nbytes for b in self._buffers)
+
+    # ---- calling ----------------------------------------------------------------------------
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The model's outputs for `inputs` (name -> array of the input's shape), as new
+        float32 arrays."""
+        self._run(self._bind(inputs))
+        return {o: self._output(o, inputs) for o in self.model.outputs}
+
+    def _bind(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        unknown = sorted(set(inputs) - set(self.model.inputs))
+        if unknown:
+            raise ModelError(f"{self.model.name}: unknown inputs {unknown} (inputs: "
+                             f"{list(self.model.inputs)})")
+        bound = {}
+        for name, shape in self.model.inputs.items():
+            if name not in inputs:
+                raise ModelError(f"{self.model.name}: input {name!r} is missing")
+            array = f32(inputs[name])
+            if array.shape != shape:
+                raise ModelError(f"{self.model.name}: input {name!r} has shape {array.shape}, "
+                                 f"expected {shape}")
+            bound[name] = array.reshape(-1)
+        return bound
+
+    def _run(self, bound: Mapping[str, np.ndarray]) -> None:
+        for call in self._calls:
+            call.kernel(*(bound[a].reshape(b.shape) if isinstance(a, str) else a
+                          for a, b in zip(call.args, (*call.kernel.program.inputs,
+                                                      *call.kernel.program.outputs))))
+
+    def _output(self, name: str, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        shape = self.model.shape(name)
+        if name in self._outputs:
+            return self._outputs[name].reshape(shape).copy()
+        # An output that is an input or a weight of the model, computed by no task.
+        source = inputs[name] if name in inputs else self.model.weights[name]
+        return f32(source).reshape(shape).copy()
+
+    # ---- checking and timing ----------------------------------------------------------------
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Standard normal inputs of the model's shapes, from `seed`."""
+        rng = np.random.default_rng(seed)
+        return {k: rng.standard_normal(s).astype(np.float32) for k, s in self.model.inputs.items()}
+
+    def check(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> Verdict:
+        """This model's outputs against `Model.evaluate` (numpy, node by node) on `inputs`
+        (random from `seed` by default)."""
+        inputs = inputs if inputs is not None else self.random_inputs(seed)
+        return _compare(self(inputs), self.model.evaluate(inputs), "numpy (Model.evaluate)")
+
+    def check_onnxruntime(self, source: str | Path | Any | None = None,
+                          inputs: Mapping[str, np.ndarray] | None = None,
+                          seed: int = 0) -> Verdict:
+        """This model's outputs against onnxruntime's on the ONNX form of the model: `source`
+        (a file or an `onnx.ModelProto`, e.g. the one it was imported from), by default the
+        model exported with `model.to_onnx`. Not checked (correct None) when onnxruntime is not
+        installed."""
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return Verdict(None, math.nan, "not checked: onnxruntime is not installed")
+        if source is None:
+            from .model.onnx_export import to_onnx
+            source = to_onnx(self.model)
+        payload = str(source) if isinstance(source, (str, Path)) else source.SerializeToString()
+        settings = ort.SessionOptions()
+        settings.intra_op_num_threads = self.options.thread_count
+        session = ort.InferenceSession(payload, settings, providers=["CPUExecutionProvider"])
+        inputs = inputs if inputs is not None else self.random_inputs(seed)
+        named = self.model.source_names
+        feed = {named.get(k, k): f32(v) for k, v in inputs.items()}
+        wanted = [named.get(o, o) for o in self.model.outputs]
+        theirs = dict(zip(self.model.outputs, session.run(wanted, feed)))
+        return _compare(self(inputs), theirs, "onnxruntime")
+
+    def time(self, repeats: int = 10, inputs: Mapping[str, np.ndarray] | None = None,
+             warmup: int = 1) -> float:
+        """The median seconds of one end-to-end call (outputs left in their buffers), over
+        `repeats` calls after `warmup`."""
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        bound = self._bind(inputs if inputs is not None else self.random_inputs())
+        for _ in range(warmup):
+            self._run(bound)
+        times = []
+        for _ in range(repeats):
+            start = _time.perf_counter()
+            self._run(bound)
+            times.append(_time.perf_counter() - start)
+        return statistics.median(times)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per task: name, weight, FLOPs, where its program came from, stored seconds."""
+        return [{"task": k.task.name, "weight": k.task.weight, "flops": k.task.flops,
+                 "source": k.source, "stored_s": k.stored_s} for k in self.kernels.values()]
+
+
+def _compare(ours: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndarray],
+             against: str) -> Verdict:
+    expected = {k: np.asarray(v, np.float64).reshape(ours[k].shape) for k, v in theirs.items()}
+    ok, max_error, message = compare(ours, expected, (TOLERANCE, TOLERANCE))
+    return Verdict(ok, max_error, f"{'correct' if ok else 'wrong'} against {against}: {message}")
+
+
+__all__ = ["CompiledModel", "TaskKernel", "Verdict", "best_record", "default_program",
+           "task_key"]

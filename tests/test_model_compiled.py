@@ -1,0 +1,210 @@
+"""A model compiled end to end: every task's default schedule computes its computation; the
+composed model equals `Model.evaluate` (and onnxruntime for an ONNX file built here with
+onnx.helper); a task tuned into the database runs its stored program; buffers are planned once."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+from model_checks import random_inputs as model_inputs
+
+from eqsched.backend import CompileOptions, compile_program
+from eqsched.compiled_model import CompiledModel, best_record, default_program, task_key
+from eqsched.db import Database
+from eqsched.egraph.derive import DeriveError, derive, realize
+from eqsched.egraph.saturate import Limits, saturate
+from eqsched.egraph.space import Space
+from eqsched.egraph.term import vector_lanes
+from eqsched.ir import LoopKind, naive_program
+from eqsched.model import ModelBuilder, ModelError, get_model, import_onnx, save_onnx
+from eqsched.model.tasks import extract_tasks
+from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.rules import resolve
+from eqsched.schedule import ScheduleError
+from eqsched.trials import Settings, measurement_key, record_of
+
+ONE_THREAD = CompileOptions(threads=1)
+SMALL = [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
+         ("bert_layer", {"seq": 8, "hidden": 16, "heads": 2, "ffn": 32}),
+         ("resnet_block", {"channels": 4, "size": 6})]
+
+
+@pytest.mark.parametrize("name,params", SMALL)
+def test_every_task_s_default_program_computes_its_computation(name, params):
+    lanes = ONE_THREAD.target.vector_lanes
+    for task in extract_tasks(get_model(name, **params)):
+        comp = task.computation
+        kernel = compile_program(default_program(comp, lanes), ONE_THREAD)
+        inputs = random_inputs(comp, seed=1)
+        ok, _, message = compare(kernel.run(inputs), reference(comp, inputs), tolerance(comp))
+        assert ok, f"{task.name}: {message}"
+
+
+def test_the_default_program_vectorizes_a_matmul_along_its_columns():
+    comp = extract_tasks(get_model("mlp"))[0].computation  # 1x784 @ 784x128, bias, relu
+    program = default_program(comp, 16)
+    vector = [lp.name for lp in program.loops() if lp.kind == LoopKind.VECTOR]
+    # The reduction moved out of the innermost place; every nest's columns run 16 wide.
+    assert "t0.i1.1" in vector and len(vector) == 4
+    assert all(lp.extent == 16 for lp in program.loops() if lp.kind == LoopKind.VECTOR)
+
+
+@pytest.mark.parametrize("name,params", SMALL)
+def test_a_compiled_built_in_model_equals_model_evaluate(name, params):
+    model = get_model(name, **params)
+    compiled = CompiledModel(model, options=ONE_THREAD)
+    assert all(k.source == "default" for k in compiled.kernels.values())
+    verdict = compiled.check(seed=2)
+    assert verdict.correct, verdict.message
+    inputs = model_inputs(model, seed=5)
+    ok, _, message = compare(compiled(inputs), {k: v.astype(np.float64) for k, v in
+                                                model.evaluate(inputs).items()}, (1e-4, 1e-4))
+    assert ok, message
+
+
+def test_buffers_are_planned_once_and_shared_by_values_that_do_not_live_together():
+    model = get_model("bert_layer", seq=8, hidden=16, heads=2, ffn=32)
+    compiled = CompiledModel(model, options=ONE_THREAD)
+    computed = {v for t in compiled.tasks for o in t.occurrences for v in o.outputs.values()}
+    every_value = sum(4 * math.prod(model.shape(v)) for v in computed)
+    assert 0 < compiled.buffer_bytes < every_value
+    inputs = model_inputs(model, seed=1)
+    first = compiled(inputs)
+    first["output"][...] = 0  # the caller's copy, not the planned buffer
+    np.testing.assert_array_equal(compiled(inputs)["output"], compiled(inputs)["output"])
+    assert np.abs(compiled(inputs)["output"]).max() > 0
+    assert compiled.time(repeats=2) > 0
+
+
+def _tune(comp, db_path, trials: int, settings: Settings) -> int:
+    """A few trials of the task's space, measured in the worker and stored under `task_key` as
+    task tuning stores them: programs drawn from the saturated space, derived, measured."""
+    naive = naive_program(comp)
+    space = Space(saturate(naive, resolve(None), Limits(iterations=3)),
+                  vector_lanes(settings.options().target.vector_lanes))
+    rng, stored = random.Random(0), 0
+    workload, size = task_key(comp)
+    with Database(db_path) as db:
+        while stored < trials:
+            term, sizes = space.program(rng.randrange(space.count()))
+            try:
+                program = realize(term, sizes, naive)
+                trace = derive(term, sizes, naive)
+            except (DeriveError, ScheduleError):
+                continue
+            m = settings.measure(program)
+            db.add(record_of(workload, size, measurement_key(program, settings), term, sizes,
+                             trace, m, settings))
+            stored += 1
+    return stored
+
+
+def test_a_task_tuned_into_the_database_runs_its_best_stored_program(tmp_path):
+    model = get_model("mlp", inputs=12, hidden=8, outputs=5)
+    tuned, untuned = extract_tasks(model)
+    settings = Settings(threads=1, repeats=2, min_repeats=1, time_budget_s=0.05)
+    db_path = tmp_path / "tuned.db"
+    assert _tune(tuned.computation, db_path, 3, settings) == 3
+    compiled = CompiledModel(model, db=db_path, options=ONE_THREAD)
+    kernel = compiled.kernels[tuned.name]
+    with Database(db_path, readonly=True) as db:
+        best = db.best(*task_key(tuned.computation))
+        # A parallel program timed on one thread says nothing of its time on two.
+        for_two = best_record(db, tuned.computation, CompileOptions(threads=2))
+        assert len({r.program_hash for r in db.records()}) == 3
+    assert kernel.source == "database" and kernel.stored_s == best.median_s
+    assert kernel.program.hash() == best.program_hash.partition("/")[0]
+    assert for_two is None or "/threads=1" not in for_two.program_hash
+    assert compiled.kernels[untuned.name].source == "default"
+    verdict = compiled.check()
+    assert verdict.correct, verdict.message
+
+
+def test_inputs_are_checked_in_one_line():
+    compiled = CompiledModel(get_model("mlp", inputs=12, hidden=8, outputs=5),
+                             options=ONE_THREAD)
+    with pytest.raises(ModelError, match=r"input 'x' has shape \(2, 12\), expected \(1, 12\)"):
+        compiled({"x": np.zeros((2, 12))})
+    with pytest.raises(ModelError, match="input 'x' is missing"):
+        compiled({})
+    with pytest.raises(ModelError, match=r"unknown inputs \['y'\]"):
+        compiled({"x": np.zeros((1, 12)), "y": np.zeros(1)})
+
+
+def _onnx_model(onnx, scale: float):
+    """A small attention-like graph written with onnx.helper: Gemm, Relu, Reshape, Transpose,
+    MatMul, Mul by a constant, Softmax, and names that are no Python identifiers."""
+    h = onnx.helper
+    rng = np.random.default_rng(0)
+
+    def init(name, array):
+        return h.make_tensor(name, onnx.TensorProto.FLOAT, array.shape,
+                             array.astype(np.float32).ravel())
+
+    nodes = [
+        h.make_node("Gemm", ["input:0", "w", "b"], ["proj"], transB=1),
+        h.make_node("Relu", ["proj"], ["act"]),
+        h.make_node("Reshape", ["act", "shape"], ["heads"]),
+        h.make_node("Transpose", ["heads"], ["heads_t"], perm=[1, 0, 2]),
+        h.make_node("Transpose", ["heads"], ["heads_k"], perm=[1, 2, 0]),
+        h.make_node("MatMul", ["heads_t", "heads_k"], ["scores"]),
+        h.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        h.make_node("Softmax", ["scaled"], ["probs:out"], axis=-1),
+    ]
+    graph = h.make_graph(
+        nodes, "tiny_attention",
+        [h.make_tensor_value_info("input:0", onnx.TensorProto.FLOAT, [6, 8])],
+        [h.make_tensor_value_info("probs:out", onnx.TensorProto.FLOAT, [2, 6, 6])],
+        [init("w", rng.standard_normal((8, 8))), init("b", rng.standard_normal(8)),
+         h.make_tensor("shape", onnx.TensorProto.INT64, [3], [6, 2, 4]),
+         init("scale", np.array(scale))])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_an_imported_onnx_model_runs_end_to_end_and_agrees_with_onnxruntime(tmp_path):
+    onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    path = tmp_path / "tiny_attention.onnx"
+    onnx.save(_onnx_model(onnx, 0.5), str(path))
+    model = import_onnx(path)
+    compiled = CompiledModel(model, options=ONE_THREAD)
+    assert [t.name for t in compiled.tasks] == ["gemm_relu", "matmul_mul", "softmax"]
+    for verdict in (compiled.check(), compiled.check_onnxruntime(path)):
+        assert verdict.correct, verdict.message
+    # Another model's numbers (a different constant) are caught, naming the output.
+    other = tmp_path / "other.onnx"
+    onnx.save(_onnx_model(onnx, 2.0), str(other))
+    verdict = compiled.check_onnxruntime(other)
+    assert verdict.correct is False and "probs_out" in verdict.message
+
+
+@pytest.mark.parametrize("name,params", SMALL)
+def test_a_built_in_model_exported_to_onnx_and_imported_agrees_with_onnxruntime(name, params,
+                                                                               tmp_path):
+    pytest.importorskip("onnx", reason="the onnx extra is not installed")
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    path = save_onnx(get_model(name, **params), tmp_path / f"{name}.onnx")
+    compiled = CompiledModel(import_onnx(path), options=ONE_THREAD)
+    for verdict in (compiled.check(seed=4), compiled.check_onnxruntime(path, seed=4),
+                    compiled.check_onnxruntime(seed=4)):  # the file, and the model's export
+        assert verdict.correct, verdict.message
+
+
+def test_a_model_whose_output_is_read_by_another_task_keeps_its_own_buffer():
+    b = ModelBuilder("two_outputs")
+    x = b.input("x", (2, 3))
+    h = b.matmul(x, b.weight("w", np.arange(12.0).reshape(3, 4)), name="h")
+    model = b.build(h, b.softmax(h, name="p"))
+    compiled = CompiledModel(model, options=ONE_THREAD)
+    verdict = compiled.check()
+    assert verdict.correct, verdict.message
+
+
+def test_an_output_that_is_an_input_of_the_model_is_returned_as_given():
+    b = ModelBuilder("passthrough")
+    x = b.input("x", (3,))
+    compiled = CompiledModel(b.build(b.relu(x, name="r"), x), options=ONE_THREAD)
+    out = compiled({"x": np.array([-1.0, 0.5, 2.0])})
+    np.testing.assert_array_equal(out["x"], np.array([-1.0, 0.5, 2.0], np.float32))
+    np.testing.assert_array_equal(out["r"], np.array([0.0, 0.5, 2.0], np.float32))

@@ -1,0 +1,125 @@
+"""A model's tasks: the partition of each built-in model into fused subgraphs (anchors with their
+epilogues, layout nodes folded into their readers), structurally equal subgraphs deduplicated and
+weighted, and each occurrence's names mapping the task's computation onto the model's values."""
+
+import numpy as np
+import pytest
+from model_checks import random_inputs
+
+from eqsched.model import ModelBuilder
+from eqsched.model.builtin import get_model
+from eqsched.model.tasks import extract_tasks, partition
+from eqsched.reference import compare, reference, tolerance
+
+SMALL_BERT = {"seq": 8, "hidden": 16, "heads": 2, "ffn": 32}
+SMALL_RESNET = {"channels": 4, "size": 6}
+
+
+def by_name(tasks):
+    return {t.name: t for t in tasks}
+
+
+def all_values(model, inputs):
+    """Every value of the model (inputs, weights, every node's output), numpy node by node."""
+    env = {**model.weights, **inputs}
+    for n in model.nodes:
+        env[n.name] = n.op.evaluate(*(env[i] for i in n.inputs))
+    return env
+
+
+def test_the_mlp_is_two_tasks_each_a_matmul_with_its_epilogue():
+    tasks = extract_tasks(get_model("mlp"))
+    assert [(t.name, t.weight) for t in tasks] == [("matmul_add_relu", 1), ("matmul_add", 1)]
+    first, second = tasks
+    assert first.occurrences[0].nodes == ("linear0", "add0", "relu0")
+    assert dict(first.occurrences[0].inputs) == {"in0": "x", "in1": "w0", "in2": "b0"}
+    assert list(first.occurrences[0].outputs.values()) == ["relu0"]
+    assert second.occurrences[0].inputs["in0"] == "relu0"
+    assert first.flops == 2 * 784 * 128 + 2 * 128  # the matmul, the bias and the relu
+
+
+def test_bert_s_query_key_and_value_projections_are_one_task_of_weight_three():
+    model = get_model("bert_layer", **SMALL_BERT)
+    tasks = by_name(extract_tasks(model))
+    assert sorted((name, t.weight) for name, t in tasks.items()) == [
+        ("layernormalization", 2), ("matmul", 1), ("matmul_add", 3), ("matmul_add_add", 1),
+        ("matmul_add_add_2", 1), ("matmul_add_gelu", 1), ("matmul_mul", 1), ("softmax", 1)]
+    qkv = tasks["matmul_add"]
+    assert [o.nodes for o in qkv.occurrences] == [
+        ("query_mm", "query"), ("key_mm", "key"), ("value_mm", "value")]
+    assert [o.inputs["in1"] for o in qkv.occurrences] == ["query_w", "key_w", "value_w"]
+    # The output projection adds the residual and reads the merged heads: another task.
+    attn_out = tasks["matmul_add_add"].occurrences[0]
+    assert attn_out.nodes == ("context_heads", "context", "attn_out_mm", "attn_out",
+                              "attn_residual")
+    assert [o.nodes for o in tasks["layernormalization"].occurrences] == [("attn_norm",),
+                                                                         ("output",)]
+    assert sum(t.weight for t in tasks.values()) == len(partition(model)) == 11
+
+
+def test_attention_scores_read_the_projections_through_folded_layout():
+    tasks = by_name(extract_tasks(get_model("bert_layer", **SMALL_BERT)))
+    scores = tasks["matmul_mul"]
+    assert set(scores.occurrences[0].inputs.values()) == {"query", "key"}
+    # Reshape and transpose wrote no stage: the batched matmul, then the scale.
+    assert [s.reduce for s in scores.computation.stages] == ["sum", None]
+
+
+def test_the_resnet_block_s_convolutions_differ_by_their_epilogues():
+    tasks = extract_tasks(get_model("resnet_block", **SMALL_RESNET))
+    assert [(t.name, t.weight) for t in tasks] == [("conv_scaleshift_relu", 1),
+                                                   ("conv_scaleshift_add_relu", 1)]
+    assert tasks[1].occurrences[0].inputs["in4"] == "x"  # the residual
+
+
+def test_elementwise_nodes_without_an_anchor_are_a_task_of_their_own():
+    b = ModelBuilder("chain")
+    x, y = b.input("x", (4, 8)), b.input("y", (4, 8))
+    z = b.relu(b.add(x, y, name="s"), name="r")
+    model = b.build(b.softmax(z, name="p"), b.unary("Exp", z, name="e"))
+    groups = partition(model)
+    # z is read by the softmax and by e: it cannot join either, so s and r make one task.
+    assert groups == [("s", "r"), ("p",), ("e",)]
+    assert [t.name for t in extract_tasks(model)] == ["add_relu", "softmax", "exp"]
+
+
+def test_an_anchor_that_is_an_output_keeps_its_readers_out_of_its_task():
+    b = ModelBuilder("two_outputs")
+    x = b.input("x", (2, 3))
+    h = b.matmul(x, b.weight("w", np.ones((3, 4))), name="h")
+    model = b.build(h, b.relu(h, name="r"))
+    assert partition(model) == [("h",), ("r",)]
+
+
+def test_equal_structure_under_other_names_is_the_same_task_and_other_shapes_are_not():
+    def dense(name, n, scale):
+        b = ModelBuilder(name)
+        x = b.input(f"{name}_in", (2, n))
+        y = b.mul(b.matmul(x, b.weight(f"{name}_w", np.ones((n, 3)))),
+                  b.weight(f"{name}_s", scale), name=f"{name}_out")
+        return extract_tasks(b.build(y))[0]
+
+    assert dense("a", 5, 0.5).key == dense("b", 5, 0.5).key
+    assert dense("a", 5, 0.5).computation.name == dense("b", 5, 0.5).computation.name
+    assert dense("a", 5, 0.5).key != dense("a", 6, 0.5).key
+    assert dense("a", 5, 0.5).key != dense("a", 5, 0.25).key  # a folded constant is structure
+
+
+@pytest.mark.parametrize("name,params", [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
+                                         ("bert_layer", SMALL_BERT),
+                                         ("resnet_block", SMALL_RESNET)])
+def test_every_occurrence_computes_its_model_values(name, params):
+    """Each task's computation, given the model values its occurrence names, computes (in the
+    float64 oracle) the values the model's nodes compute."""
+    model = get_model(name, **params)
+    env = all_values(model, random_inputs(model, seed=3))
+    for task in extract_tasks(model):
+        for occ in task.occurrences:
+            args = {k: np.asarray(env[v], np.float64).reshape(
+                task.computation.shapes[k]) for k, v in occ.inputs.items()}
+            got = reference(task.computation, args)
+            expected = {k: np.asarray(env[v], np.float64).reshape(got[k].shape)
+                        for k, v in occ.outputs.items()}
+            rtol, atol = tolerance(task.computation)
+            ok, _, message = compare(got, expected, (10 * rtol, 10 * atol))
+            assert ok, f"{task.name} at {occ.nodes}: {message}"
