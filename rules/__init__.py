@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (importing a family module registers its rules)
     pack,
     parallel,
     reorder,
+    rfactor,
     tile,
     unroll,
     vectorize,

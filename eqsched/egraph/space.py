@@ -67,11 +67,13 @@ from .lang import SERIALIZED_OPS
 from .saturate import Limits, RewriteRule, saturate
 from .term import (
     KINDS,
+    PARTIALS,
     VECTOR_LANES,
     BlockRef,
     Cached,
     PackRef,
     PieceLoop,
+    RfactorLoop,
     Sizes,
     Stmt,
     Term,
@@ -91,7 +93,9 @@ Table = dict[int, np.ndarray]  # tree key -> counts by profile
 Omega = tuple[int, ...]  # a profile index per array axis (0 on an axis a table does not split)
 
 INLINES, STMTS, PACKS = 0, 1, 2  # the part of the root list a class may start in, in order
-PROGRAM_OPS = {"nil", "cons", "loop", "block", "cached", "rnil", "rcons", "inlined", "packed"}
+PROGRAM_OPS = {"nil", "cons", "loop", "rloop", "block", "cached", "rnil", "rcons", "inlined",
+               "packed"}
+LOOP_OPS = ("loop", "rloop")
 EMPTY: Key = frozenset()
 
 
@@ -271,11 +275,12 @@ class Space:
         if op not in PROGRAM_OPS or raw.get("subsumed"):
             return None
         ch = [self._class_of[c] for c in raw["children"]]
-        if op == "loop":
+        if op in LOOP_OPS:
             group, path, kind = self._leaf(ch[0]), self._leaf(ch[1]), self._leaf(ch[2])
             if kind not in KINDS:
                 raise SpaceError(f"loop over {group}[{path}] has kind {kind!r}")
-            own = frozenset({(group, path, _constraint(kind))})
+            own = frozenset({(group, path, _constraint(kind))}
+                            | ({(group, path, PARTIALS)} if op == "rloop" else set()))
             return op, (group, path, kind), ((ch[3], 0),), own
         if op in ("cons", "rcons"):
             return op, (), ((ch[0], 0), (ch[1], STMTS if op == "rcons" else 0)), EMPTY
@@ -403,18 +408,19 @@ class Space:
         return np.array(values, dtype=object).reshape(shape)
 
     def _own_table(self, node: _Node) -> Table:
-        ones = np.ones((1,) * self._ndim, dtype=object)
-        if node.op != "loop":
-            return {node.own: ones}
-        (group, path, limit), = node.triples
-        if not limit:
-            return {node.own: ones}
-        if not path:  # the whole extent is known
-            whole = self.facts.extents[group]
-            return {node.own: ones} if extent_allowed(limit, whole, self.vector_lanes) else {}
-        bit = self._limit_bit[(group, path, limit)]
-        fits = self._along(group, [int(bool(m & bit)) for m in
-                                   self._profiles(group, node.own & self._group_mask[group]).masks])
+        fits = np.ones((1,) * self._ndim, dtype=object)
+        if node.op not in LOOP_OPS:
+            return {node.own: fits}
+        for group, path, limit in sorted(node.triples):
+            if not limit:
+                continue
+            if not path:  # the whole extent is known
+                if not extent_allowed(limit, self.facts.extents[group], self.vector_lanes):
+                    return {}
+                continue
+            bit = self._limit_bit[(group, path, limit)]
+            masks = self._profiles(group, node.own & self._group_mask[group]).masks
+            fits = fits * self._along(group, [int(bool(m & bit)) for m in masks])
         return {node.own: fits} if fits.any() else {}
 
     def _lift(self, array: np.ndarray, key: int, wider: int) -> np.ndarray:
@@ -800,7 +806,7 @@ class Space:
         for i, node in enumerate(self._slot_nodes(slot)):
             if isinstance(stmt, BlockRef) and node.op == "block":
                 ok = node.literals == (stmt.name,)
-            elif isinstance(stmt, PieceLoop) and node.op == "loop":
+            elif isinstance(stmt, PieceLoop) and node.op == _loop_op(stmt):
                 ok = node.literals == (stmt.group, stmt.path, stmt.kind) \
                     and self._match_body(node.children[0], stmt.body) is not None
             elif isinstance(stmt, Cached) and node.op == "cached":
@@ -864,7 +870,7 @@ class Space:
 
         def stmt(slot: Slot, s: Stmt) -> None:
             node = chosen(slot, self._match_stmt(slot, s))
-            if node.op in ("loop", "cached"):
+            if node.op in ("loop", "rloop", "cached"):
                 body_of(node.children[0], s.body)
 
         root(self.root_slot, term.packs, term.inlined, term.body)
@@ -909,6 +915,8 @@ def _build(node: _Node, values: list) -> Any:
         return (values[0],) + values[1]
     if op == "loop":
         return PieceLoop(lit[0], lit[1], lit[2], values[0])
+    if op == "rloop":
+        return RfactorLoop(lit[0], lit[1], lit[2], values[0])
     if op == "block":
         return BlockRef(lit[0])
     if op == "cached":
@@ -923,9 +931,15 @@ def _build(node: _Node, values: list) -> Any:
     return (PackRef(*lit),) + packs, inlined, body  # packed
 
 
+def _loop_op(stmt: PieceLoop) -> str:
+    return "rloop" if isinstance(stmt, RfactorLoop) else "loop"
+
+
 def _key_of(term: Term) -> Key:
     key = {(s.group, s.path, _constraint(s.kind)) for s, _ in walk(term.body)
            if isinstance(s, PieceLoop)}
+    key |= {(s.group, s.path, PARTIALS) for s, _ in walk(term.body)
+            if isinstance(s, RfactorLoop)}
     key |= {(f"pack:{p.buffer}", "", f"pack:{p.dim}") for p in term.packs}
     return frozenset(key)
 
