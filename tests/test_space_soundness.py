@@ -46,6 +46,7 @@ PRIME_SIZES = {
     "batch_matmul": (2, 5, 7, 3),
     "conv2d_nchw": (1, 3, 5, 7, 5, 3, 3, 1, 1),
     "elementwise_chain": (31,),
+    "gemv": (13, 47),
     "matmul": (11, 13, 7),
     "mlp": (3, 11, 7, 5),
     "mm_exp_mm": (5, 7, 3, 11),
