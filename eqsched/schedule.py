@@ -49,9 +49,11 @@ from .legality import (
 )
 from .te import REDUCERS, Axis
 
-# The most elements a partial-result buffer of `rfactor` may hold: partials are meant for a few
-# threads or vector lanes per output element, not a copy of a large output per step.
-MAX_PARTIAL_ELEMENTS = 1 << 22
+# The most elements (1 MiB of float32) a partial-result buffer of `rfactor` may hold: partials
+# share a long reduction of a small output (a row statistic, a GEMV's vector) among threads;
+# a large output has spatial loops enough to share, and copies of it would cost more memory
+# traffic than the reduction saves.
+MAX_PARTIAL_ELEMENTS = 1 << 18
 
 # Parameter names of each primitive, as they appear in a trace step's "args".
 PRIMITIVES: dict[str, tuple[str, ...]] = {

@@ -6,43 +6,33 @@ See docs/ARCHITECTURE.md §5 Rules.
 
 from __future__ import annotations
 
-import math
-
 from egglog import String, rewrite, var
 
-from eqsched.egraph.facts import Facts
+from eqsched.egraph.facts import Facts, partials_limit
 from eqsched.egraph.lang import Body, Kind, Root, loop, rloop
-from eqsched.egraph.term import MAX_PARTIALS
 
 from .analysis import b, holds, only, p, rest, y
 from .base import Rule, register
 
 q = var("q", String)
 
-# Partials per output element are at most term.MAX_PARTIALS; a stage gets them only when they
-# stay small next to its inputs: a row statistic, a GEMV's vector, not a matmul's output copied
-# per step (its own spatial loops already give the threads work).
-MAX_PARTIAL_ELEMENTS = 1 << 18
-
-
 def factorable(facts: Facts) -> list[tuple[str, str, str]]:
-    """(update block, its stage, reduce group): the sum and max reductions whose partials stay
-    within MAX_PARTIAL_ELEMENTS, with each group they reduce over."""
+    """(update block, its stage, reduce group): each group a sum or max reduces over where two
+    partials or more fit `schedule.MAX_PARTIAL_ELEMENTS` (`facts.partials_limit`): a row
+    statistic, a GEMV's vector; not a matmul's output, whose spatial loops give the threads
+    work enough."""
     out = []
     for name, blk in sorted(facts.blocks.items()):
-        if blk.reduce not in ("sum", "max"):
-            continue
-        points = math.prod(a.extent for a in blk.axes if a.kind == "spatial")
-        if points * MAX_PARTIALS > MAX_PARTIAL_ELEMENTS:
-            continue
-        out += [(name, blk.stage, group) for group in sorted(facts.reduce_groups[name])]
+        if blk.reduce in ("sum", "max"):
+            out += [(name, blk.stage, group) for group in sorted(facts.reduce_groups[name])
+                    if partials_limit(facts, group) >= 2]
     return out
 
 
 @register
 class Rfactor(Rule):
     """Factor a reduction along its nest's root loop when that loop is over a reduce group of
-    the stage (its extent, the number of partials, is at most term.MAX_PARTIALS):
+    the stage (its extent, the number of partials, limited by `facts.partials_limit`):
 
         rcons(loop(S.c, "0/2", serial, b), r) -> rcons(rloop(S.c, "0/2", serial, b), r)
 

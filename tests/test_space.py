@@ -15,12 +15,10 @@ from egglog import EGraph, union
 from eqsched.egraph.derive import realize
 from eqsched.egraph.dot import write_dot
 from eqsched.egraph.encode import encode
-from eqsched.egraph.facts import Facts, facts_of
+from eqsched.egraph.facts import Facts, facts_of, partials_limit
 from eqsched.egraph.lang import SERIALIZED_OPS, Root, root_expr, stmt_expr
 from eqsched.egraph.space import Space, SpaceError
 from eqsched.egraph.term import (
-    MAX_PARTIALS,
-    PARTIALS,
     REGISTER_TILES,
     VECTOR_LANES,
     BlockRef,
@@ -32,6 +30,7 @@ from eqsched.egraph.term import (
     extent_allowed,
     pack_symbol,
     parent_path,
+    partials_constraint,
     symbols,
     vector_lanes,
     walk,
@@ -227,7 +226,8 @@ def brute_force(sp: Space) -> set:
             mine = tuple(s for s in syms if s[0] == group)
             loops = tuple((s.kind, s.path) for s, _ in walk(term.body)
                           if isinstance(s, PieceLoop) and s.group == group)
-            loops += tuple((PARTIALS, s.path) for s, _ in walk(term.body)
+            loops += tuple((partials_constraint(partials_limit(sp.facts, group)), s.path)
+                           for s, _ in walk(term.body)
                            if isinstance(s, RfactorLoop) and s.group == group)
             key = (mine, loops, tuple(packs) if group.startswith("pack:") else ())
             if key not in valid_of_group:
@@ -366,8 +366,9 @@ def test_a_tree_split_deeper_in_one_nest_counts_like_brute_force(extents):
     assert all(sp.contains(t, s) for t, s in programs)
 
 
-def test_an_rfactor_loop_takes_at_most_max_partials_counted_like_brute_force():
-    naive = naive_program(get_workload("gemv").build(4, 128))  # C.i 1, C.j 4, C.k 128
+def test_an_rfactor_loop_takes_at_most_its_partials_limit_counted_like_brute_force():
+    naive = naive_program(get_workload("gemv").build(4096, 128))  # C.i 1, C.j 4096, C.k 128
+    assert partials_limit(facts_of(naive), "C.k") == 64  # 64 copies of C fill 2^18 elements
     init = L("C.i", "", L("C.j", "", INIT))
     inner = L("C.k", "1/2", L("C.j", "", UPDATE))
     plain = L("C.k", "0/2", L("C.i", "", inner))
@@ -379,7 +380,7 @@ def test_an_rfactor_loop_takes_at_most_max_partials_counted_like_brute_force():
     assert as_set(programs) == brute
     partials = [sizes[("C.k", "0/2")] for term, sizes in programs
                 if isinstance(term.body[1], RfactorLoop)]
-    assert max(partials) == MAX_PARTIALS and 128 not in partials and 2 in partials
+    assert max(partials) == 64 and 128 not in partials and 2 in partials
     plain_count = len(programs) - len(partials)
     # serial and parallel, each with every split of the plain nest but 128 x 1 (128 partials)
     assert len(partials) == 2 * (plain_count - 1)

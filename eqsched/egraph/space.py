@@ -62,12 +62,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..ir import LoopKind, Program
-from .facts import Facts
+from .facts import Facts, partials_limit
 from .lang import SERIALIZED_OPS
 from .saturate import Limits, RewriteRule, saturate
 from .term import (
     KINDS,
-    PARTIALS,
     VECTOR_LANES,
     BlockRef,
     Cached,
@@ -80,6 +79,7 @@ from .term import (
     extent_allowed,
     pack_factors,
     parent_path,
+    partials_constraint,
     remainder_tiles,
     show,
     split_path,
@@ -280,7 +280,7 @@ class Space:
             if kind not in KINDS:
                 raise SpaceError(f"loop over {group}[{path}] has kind {kind!r}")
             own = frozenset({(group, path, _constraint(kind))}
-                            | ({(group, path, PARTIALS)} if op == "rloop" else set()))
+                            | ({self._partials(group, path)} if op == "rloop" else set()))
             return op, (group, path, kind), ((ch[3], 0),), own
         if op in ("cons", "rcons"):
             return op, (), ((ch[0], 0), (ch[1], STMTS if op == "rcons" else 0)), EMPTY
@@ -295,6 +295,15 @@ class Space:
             return op, (blk, buf, dim), ((ch[3], PACKS),), frozenset({(f"pack:{buf}", "",
                                                                         f"pack:{dim}")})
         return op, (), (), EMPTY  # nil, rnil
+
+    def _partials(self, group: str, path: str) -> tuple[str, str, str]:
+        """The limit an rfactor loop over this piece puts on its extent."""
+        return group, path, partials_constraint(partials_limit(self.facts, group))
+
+    def _key_of(self, term: Term) -> Key:
+        """The constraints a term's loops put on its sizes."""
+        return _key_of(term) | {self._partials(s.group, s.path) for s in term.body
+                                if isinstance(s, RfactorLoop)}
 
     def _parse(self) -> None:
         """Walk the classes reachable from the root, children first; refuse cycles."""
@@ -758,7 +767,7 @@ class Space:
 
     def contains(self, term: Term, sizes: Sizes) -> bool:
         """Is this concrete program one of the space's?"""
-        key = _key_of(term)
+        key = self._key_of(term)
         if set(sizes) != symbols(term):
             return False
         for group, options in self._size_lists(key):
@@ -879,7 +888,7 @@ class Space:
     def size_options(self, term: Term) -> list[tuple[str, list[dict[str, int]]]]:
         """Per dimension group the term uses (sorted), every valid {path: extent} assignment;
         a group with no valid assignment has an empty list (the structure has no program)."""
-        return self._size_lists(_key_of(term))
+        return self._size_lists(self._key_of(term))
 
     # ---- export ----------------------------------------------------------------------------
 
@@ -938,8 +947,6 @@ def _loop_op(stmt: PieceLoop) -> str:
 def _key_of(term: Term) -> Key:
     key = {(s.group, s.path, _constraint(s.kind)) for s, _ in walk(term.body)
            if isinstance(s, PieceLoop)}
-    key |= {(s.group, s.path, PARTIALS) for s, _ in walk(term.body)
-            if isinstance(s, RfactorLoop)}
     key |= {(f"pack:{p.buffer}", "", f"pack:{p.dim}") for p in term.packs}
     return frozenset(key)
 

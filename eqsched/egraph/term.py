@@ -45,7 +45,8 @@ class PieceLoop:
 class RfactorLoop(PieceLoop):
     """A root-level loop over the outermost piece of a reduce group whose stage's reduction is
     factored along it (`schedule.Schedule.rfactor`): each iteration accumulates into partials of
-    its own, reduced after the loop. Its extent is the number of partials."""
+    its own, reduced after the loop. Its extent is the number of partials, limited so that
+    they fit `schedule.MAX_PARTIAL_ELEMENTS` (`partials_constraint`)."""
 
 
 @dataclass(frozen=True)
@@ -136,11 +137,12 @@ def show(term: Term) -> str:
 # Size constraints that a loop kind puts on its piece's extent (legal for the backend at any
 # extent, but the space only holds the useful ones: whole vectors, short unrolls).
 MAX_UNROLL_EXTENT = 16
-# An rfactor loop's extent, the partials per output element: enough for the threads of a
-# machine and a vector of lanes; more only lengthens the final reduction.
-MAX_PARTIALS = 64
-# The constraint an rfactor loop puts on its piece, beside its kind's.
-PARTIALS = "partials"
+
+
+def partials_constraint(limit: int) -> str:
+    """The constraint an rfactor loop puts on its piece, beside its kind's: at most `limit`
+    iterations, each a copy of the stage's output (`facts.partials_limit`)."""
+    return f"partials:{limit}"
 
 
 def vector_lanes(register_lanes: int) -> tuple[int, ...]:
@@ -211,6 +213,6 @@ def extent_allowed(kind: str, extent: int, lanes: Sequence[int] = VECTOR_LANES) 
         return extent in lanes
     if kind == LoopKind.UNROLL:
         return extent <= MAX_UNROLL_EXTENT
-    if kind == PARTIALS:
-        return extent <= MAX_PARTIALS
+    if kind.startswith("partials:"):
+        return extent <= int(kind.removeprefix("partials:"))
     return True
