@@ -103,7 +103,7 @@ def test_an_rfactored_reduction_is_an_rfactor_loop_without_its_init_and_final_ne
     sch.parallel("C.k.0")
     term, sizes = encode(sch.program)
     assert show(term) == ("C.i[]{C.j[]{C.init}} ; "
-                          "C.k[0/2]@parallel@rfactor{C.i[]{C.k[1/2]{C.j[]{C.update}}}}")
+                          "C.k[0/2]@parallel@rfactor{C.j[]{C.i[]{C.k[1/2]{C.update}}}}")
     assert isinstance(term.body[1], RfactorLoop)
     assert sizes[("C.k", "0/2")] == 4 and sizes[("C.k", "1/2")] == 10
     steps = derive(term, sizes, naive)
