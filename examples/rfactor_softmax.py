@@ -59,8 +59,10 @@ def main() -> None:
                              tolerance(comp))
     print(f"interpreted against numpy: {'correct' if ok else message}")
     space = build_space(naive, resolve(None))
-    print(f"in the default space of {space.count():,} programs: "
-          f"{space.contains_program(sch.program)}")
+    found = space.contains_program(sch.program)
+    print(f"in the default space of {space.count():,} programs: {found}")
+    if not (ok and found):
+        raise SystemExit("the hand schedule is wrong or not in the space")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"softmax-1x{cols}-rfactor.json"
