@@ -21,7 +21,7 @@ reused by a later value that fits in it (never by an output of the task reading 
 pointers are `noalias`). Model outputs get buffers of their own, copied out on each call. The
 threads and the target are the compile options', as everywhere in the backend.
 
-See docs/ARCHITECTURE.md §16d Tasks and compiled models.
+See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
 
 from __future__ import annotations

@@ -97,6 +97,20 @@ def reduce_loops(blk: Block) -> set[str]:
     return {lp for b in blk.bindings if kinds.get(b.axis) == "reduce" for lp, _ in b.terms}
 
 
+def accumulating_loops(site: Site) -> set[str]:
+    """The reduce loops of an accumulating block along which its store stays put: those that
+    accumulate into one element. A reduce loop that moves the store (rfactor's partial axis:
+    `C_rf[k // 64, i]`) gives each of its iterations an element of its own, as a spatial loop
+    does."""
+    red = reduce_loops(site.block)
+    if not red:
+        return red
+    store = accesses(site)[0]
+    if any(ix is None for ix in store.indices):
+        return red
+    return {lp for lp in red if not any(ix.coeff(lp) for ix in store.indices)}
+
+
 def accesses(site: Site) -> list[Access]:
     """The block's store first, then its loads (the accumulator read of a reduction included)."""
     return list(_accesses(site.block, tuple((lp.name, lp.extent) for lp in site.loops)))
@@ -295,9 +309,10 @@ def _check_loop_kind(prog: Program, lp: Loop, path: tuple, where: dict[str, Site
                     f"parallel loop {lp.name} binds no axis of block {blk.name} "
                     "(its threads would race)"
                 )
-            if axis_kinds(blk)[bound[0]] == "reduce":
+            if lp.name in accumulating_loops(where[blk.name]):
                 raise ScheduleError(
                     f"parallel loop {lp.name} binds reduce axis {bound[0]} of block {blk.name}"
+                    " (its threads would accumulate into the same elements)"
                 )
     if lp.kind == LoopKind.VECTOR:
         for child in lp.body:
@@ -359,7 +374,7 @@ def _check_reader(buf: str, rs: Site, ra: Access, writes: list[tuple[Site, Acces
         if w.stage != r.stage:
             if ws.order > rs.order:
                 raise ScheduleError(f"block {r.name} reads {buf} before {w.name} writes it")
-            partial = [lp for lp in shared if lp in reduce_loops(w)]
+            partial = [lp for lp in shared if lp in accumulating_loops(ws)]
             if partial:
                 raise ScheduleError(
                     f"block {r.name} reads {buf} inside {w.name}'s reduce loop {partial[0]} "
@@ -430,7 +445,7 @@ def _check_reinit(buf: str, writes: list[tuple[Site, Access]]) -> None:
     """A plain writer of an accumulator (init, copy-in) must not sit in the accumulation's reduce
     loops: it would reset the partial result at each step."""
     for us, _ in writes:
-        red = reduce_loops(us.block)
+        red = accumulating_loops(us)
         if not red:
             continue
         for ws, _ in writes:

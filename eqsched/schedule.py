@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from .expr import Expr, Load, Var, free_vars, substitute, to_str, transform
+from .expr import Const, Expr, Load, Var, free_vars, substitute, to_str, transform
 from .ir import (
     KIND_WORD,
     Alloc,
@@ -47,7 +47,13 @@ from .legality import (
     reduce_loops,
     sites,
 )
-from .te import Axis
+from .te import REDUCERS, Axis
+
+# The most elements (1 MiB of float32) a partial-result buffer of `rfactor` may hold: partials
+# share a long reduction of a small output (a row statistic, a GEMV's vector) among threads;
+# a large output has spatial loops enough to share, and copies of it would cost more memory
+# traffic than the reduction saves.
+MAX_PARTIAL_ELEMENTS = 1 << 18
 
 # Parameter names of each primitive, as they appear in a trace step's "args".
 PRIMITIVES: dict[str, tuple[str, ...]] = {
@@ -60,6 +66,7 @@ PRIMITIVES: dict[str, tuple[str, ...]] = {
     "parallel": ("loop",),
     "cache_write": ("block", "at"),
     "pack": ("block", "buffer", "dim", "factor"),
+    "rfactor": ("block", "loop"),
 }
 TRACE_VERSION = 1
 
@@ -409,6 +416,89 @@ class Schedule:
         self._commit("pack", {"block": block, "buffer": buffer, "dim": dim, "factor": factor},
                      prog.with_body(map_nodes(tuple(body), redirect), buffers))
         return packed
+
+    def rfactor(self, block: str, loop: str) -> str:
+        """Factor a reduction along `loop`, a root-level loop over the outermost piece of one of
+        `block`'s reduce axes (Ansor's rfactor, TVM's `Schedule.rfactor` with factor_axis 0):
+        each of its iterations accumulates into a partial result of its own, `<stage>_rf[r,
+        ...]`, initialized at the start of that iteration, and a nest after the loop reduces the
+        partials into the stage's buffer. The loop then binds no accumulation, so it may run in
+        parallel (each thread writes its own partials). Returns the partial buffer's name.
+
+            for C.k.0 in range(4):                 for C.k.0 in range(4):
+              for C.k.1 in range(256):               C.rf_init: C_rf[C.k.0, i] = 0
+                C[i] += A[i, k]             ->        for C.k.1 in range(256):
+                                                        C_rf[k // 256, i] += A[i, k]
+                                                   for C.rf_final.r, C.rf_final.i:
+                                                     C[i] += C_rf[r, i]
+
+        The partial axis is the buffer's first dimension, so each partial is one contiguous
+        copy of the output (a thread's stores stay apart from another's)."""
+        prog = self._program
+        blk = self._block(block)
+        lp = self._loop(loop)
+        where = f"rfactor {block} along {loop}"
+        if blk.reduce not in REDUCERS:
+            raise ScheduleError(f"{where}: {block} is not a sum or max reduction")
+        if prog.enclosing(loop):
+            raise ScheduleError(f"{where}: {loop} is not a root-level loop")
+        if block not in {n.name for n, _ in walk(lp.body) if isinstance(n, Block)}:
+            raise ScheduleError(f"{where}: {block} is not under {loop}")
+        bound = loop_binding(blk, loop)
+        if bound is None or blk.axis(bound[0]).kind != "reduce":
+            raise ScheduleError(f"{where}: {loop} binds no reduce axis of {block}")
+        axis, stride = bound
+        if any(s > stride for _, s in blk.binding(axis).terms):
+            raise ScheduleError(f"{where}: {loop} is an inner piece of axis {axis}; only its "
+                                "outermost piece can index the partials")
+        stage = prog.buffer(blk.stage) if blk.stage in {b.name for b in prog.buffers} else None
+        if stage is None or blk.buffer != stage.name:
+            raise ScheduleError(f"{where}: {block} does not write its stage's buffer "
+                                f"{blk.stage} (rfactor before cache_write)")
+        partial = f"{blk.stage}_rf"
+        if any(b.name == partial for b in prog.buffers):
+            raise ScheduleError(f"{where}: {partial} already exists")
+        shape = (lp.extent,) + stage.shape
+        if math.prod(shape) > MAX_PARTIAL_ELEMENTS:
+            raise ScheduleError(f"{where}: the partials {partial}{list(shape)} would hold more "
+                                f"than {MAX_PARTIAL_ELEMENTS} elements")
+        r = Axis("r", lp.extent)
+        spatial = tuple(a for a in blk.axes if a.kind == "spatial")
+        if r.name in {a.name for a in blk.axes}:
+            r = Axis(f"{blk.stage}_r", lp.extent)
+        part = Var(axis) if stride == 1 else Var(axis) // stride
+        update = replace(blk, buffer=partial, indices=(part,) + blk.indices)
+
+        def own_nest(name: str, axes: tuple[Axis, ...], outer: dict[str, str], store: str,
+                     indices: tuple[Expr, ...], value: Expr, reduce: str | None):
+            loops = [(f"{name}.{a.name}", a.extent, LoopKind.SERIAL) for a in axes
+                     if a.name not in outer]
+            binds = tuple(Binding(a.name, ((outer.get(a.name, f"{name}.{a.name}"), 1),))
+                          for a in axes)
+            return nest(loops, (Block(name, blk.stage, axes, binds, store, indices, value,
+                                      reduce),))
+
+        init = own_nest(f"{blk.stage}.rf_init", (replace(r, kind="spatial"),) + spatial,
+                        {r.name: loop}, partial, (r.var,) + blk.indices,
+                        Const(REDUCERS[blk.reduce], "float32"), None)
+        final = own_nest(f"{blk.stage}.rf_final", (replace(r, kind="reduce"),) + spatial, {},
+                         blk.stage, blk.indices, Load(partial, (r.var,) + blk.indices),
+                         blk.reduce)
+
+        def redirect(node: Node) -> Node | None:
+            return update if isinstance(node, Block) and node.name == block else None
+
+        body: list[Node] = []
+        for n in prog.body:
+            if n is lp:
+                n = Loop(lp.name, lp.extent, lp.kind, init + map_nodes(lp.body, redirect))
+                body += [n, *final]
+            else:
+                body.append(n)
+        buffers = prog.buffers + (Buffer(partial, shape, Scope.GLOBAL),)
+        self._commit("rfactor", {"block": block, "loop": loop},
+                     prog.with_body(tuple(body), buffers))
+        return partial
 
     # ---- bookkeeping ----------------------------------------------------------------------
 

@@ -193,6 +193,18 @@ def matmul(M: int, N: int, K: int) -> Computation:
     return Computation("matmul", [C], flops=2 * M * N * K)
 
 
+@workload("gemv", params=("N", "K"), default=(4096, 4096), small=(24, 40),
+          numpy_prepare=_matmul_numpy)
+def gemv(N: int, K: int) -> Computation:
+    """C[1,N] = A[1,K] @ B[K,N]: a matrix-vector product, as a batch-1 linear layer. Its one
+    row leaves the threads the columns to share, or the reduction once factored (rfactor)."""
+    A = placeholder((1, K), "A")
+    B = placeholder((K, N), "B")
+    k = reduce_axis(K, "k")
+    C = compute((1, N), lambda i, j: sum_(A[i, k] * B[k, j], axis=k), "C")
+    return Computation("gemv", [C], flops=2 * N * K)
+
+
 @workload("batch_matmul", params=("B", "M", "N", "K"), default=(16, 256, 256, 256),
           small=(3, 8, 12, 5), numpy_prepare=_matmul_numpy)
 def batch_matmul(Bt: int, M: int, N: int, K: int) -> Computation:

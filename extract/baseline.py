@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 
 from eqsched.egraph.space import Space
-from eqsched.egraph.term import BlockRef, Cached, PackRef, PieceLoop, Term
+from eqsched.egraph.term import BlockRef, Cached, PackRef, PieceLoop, RfactorLoop, Term
 from eqsched.ir import LoopKind
 
 from .cost import CostModel
@@ -33,6 +33,7 @@ def egglog_term(space: Space) -> Term:
     names = {
         "Root": _RootBuilder, "Body": _BodyBuilder, "Kind": _KindBuilder,
         "loop": lambda group, path, kind, body: PieceLoop(group, path, kind, body),
+        "rloop": lambda group, path, kind, body: RfactorLoop(group, path, kind, body),
         "block": BlockRef, "cached": lambda stage, body: Cached(stage, body),
     }
     packs, inlined, body = eval(text, {"__builtins__": {}}, names)  # noqa: S307

@@ -220,7 +220,7 @@ class EvolutionarySearch:
                     statements.append(([], set()))
             elif in_statement:
                 statements[-1][0].append(slot)
-                if node.op == "loop":
+                if node.op in ("loop", "rloop"):
                     statements[-1][1].add(node.literals[0])
             return node
 

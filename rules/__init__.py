@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (importing a family module registers its rules)
     pack,
     parallel,
     reorder,
+    rfactor,
     tile,
     unroll,
     vectorize,
@@ -31,7 +32,7 @@ from . import (  # noqa: F401  (importing a family module registers its rules)
 from .base import RULES, Rule, RuleError, register
 
 DEFAULT = ("tile", "reorder", "fuse", "inline", "vectorize", "unroll", "parallel", "cache_write",
-           "pack")
+           "pack", "rfactor")
 
 Spec = str | Rule | Iterable[str | Rule] | None
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from egglog import String, rewrite, var
 
 from eqsched.egraph.facts import Facts
-from eqsched.egraph.lang import Body, Kind, Root, loop
+from eqsched.egraph.lang import Body, Kind, Root, loop, rloop
 
-from .analysis import b, p, reduce_groups, rest, spatial, uncached, y
+from .analysis import b, g, p, reduce_groups, rest, spatial, uncached, y
 from .base import Rule, register
 
 unit, q = var("unit", String), var("q", String)
@@ -33,6 +33,11 @@ class Parallel(Rule):
           -> rcons(loop(Y.p, "0/4", parallel, [loop(Y.n, "", serial, y)]), r)
 
     Not when y is a local tile: the loop around it stays its anchor, as in `reorder`.
+
+    An rfactor loop (`rules/rfactor.py`) runs in parallel too: each iteration writes partials
+    of its own.
+
+        rcons(rloop(S.c, "0/2", serial, b), r) -> rcons(rloop(S.c, "0/2", parallel, b), r)
     """
 
     name = "parallel"
@@ -42,7 +47,8 @@ class Parallel(Rule):
         reducing = reduce_groups(facts)
         serial, parallel = Kind.serial(), Kind.parallel()
         units = [group for group, extent in sorted(facts.extents.items()) if extent == 1]
-        out = []
+        out = [rewrite(Root.rcons(rloop(g, p, serial, b), rest))
+               .to(Root.rcons(rloop(g, p, parallel, b), rest))]
         for group in sorted(facts.extents):
             gr = String(group)
             out.append(rewrite(Root.rcons(loop(gr, p, serial, b), rest))

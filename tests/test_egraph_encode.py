@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from eqsched.egraph.derive import derive
 from eqsched.egraph.encode import EncodeError, encode, parse_loop
 from eqsched.egraph.term import (
     BlockRef,
     Cached,
     PackRef,
     PieceLoop,
+    RfactorLoop,
     Term,
     pack_symbol,
     show,
@@ -90,6 +92,22 @@ def test_fused_consumer_shares_the_producer_pieces_and_inlined_stages_are_listed
     sch2 = Schedule(naive)
     sch2.inline("D")
     assert encode(sch2.program)[0].inlined == ("D",)
+
+
+def test_an_rfactored_reduction_is_an_rfactor_loop_without_its_init_and_final_nests():
+    naive = naive_program(get_workload("gemv").build(32, 40))
+    sch = Schedule(naive)
+    sch.split("C.k", [4, 10])
+    sch.reorder("C.k.0", "C.i")
+    sch.rfactor("C.update", "C.k.0")
+    sch.parallel("C.k.0")
+    term, sizes = encode(sch.program)
+    assert show(term) == ("C.i[]{C.j[]{C.init}} ; "
+                          "C.k[0/2]@parallel@rfactor{C.j[]{C.i[]{C.k[1/2]{C.update}}}}")
+    assert isinstance(term.body[1], RfactorLoop)
+    assert sizes[("C.k", "0/2")] == 4 and sizes[("C.k", "1/2")] == 10
+    steps = derive(term, sizes, naive)
+    assert Schedule.replay(naive, steps).program.text() == sch.program.text()
 
 
 def test_one_symbol_with_two_extents_is_refused():

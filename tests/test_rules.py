@@ -10,12 +10,15 @@ from functools import cache
 
 import pytest
 
-from eqsched.egraph.facts import facts_of
+from eqsched.egraph.facts import facts_of, partials_limit
 from eqsched.egraph.saturate import saturate
+from eqsched.egraph.space import build_space
 from eqsched.ir import naive_program
 from eqsched.rules import DEFAULT, RULES, Rule, RuleError, default_rules, register, resolve
 from eqsched.rules.analysis import blocked_groups
 from eqsched.rules.fuse import fusible, unsafe_groups
+from eqsched.rules.rfactor import factorable
+from eqsched.schedule import Schedule
 from eqsched.te import Computation, compute, placeholder
 from eqsched.workloads import get_workload
 
@@ -44,9 +47,9 @@ class Graph:
                 leaf[n["eclass"]] = int(op)
         for n in data.values():
             op, kids = n["op"], [cls[c] for c in n["children"]]
-            if op == "loop":
+            if op in ("loop", "rloop"):
                 self.nodes.setdefault(n["eclass"], []).append(
-                    ("loop", tuple(leaf[c] for c in kids[:3]), kids[3:]))
+                    (op, tuple(leaf[c] for c in kids[:3]), kids[3:]))
             elif op == "block":
                 self.nodes.setdefault(n["eclass"], []).append(("block", (leaf[kids[0]],), []))
             elif op in ("Body.cons", "Root.rcons"):
@@ -78,7 +81,7 @@ class Graph:
         for op, lit, kids in self.nodes.get(c, []):
             if op == "block":
                 blocks.add(lit[0])
-            if op == "loop":
+            if op in ("loop", "rloop"):
                 loops.add(lit[:2])
             for k in kids:
                 b, lp = self.reach(k)
@@ -238,6 +241,63 @@ def test_a_batch_of_one_shares_the_loop_below_it_among_threads(conv):
     shared = {group for group, _, kind, body in g.loops() if kind == "parallel"
               and (batch, "") in g.reach(body)[1]}
     assert {facts.group("Y.update", axis) for axis in ("k", "p", "q")} <= shared
+
+
+# ---- rfactor -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def row():
+    return saturate(naive("softmax", 1, 256), default_rules())
+
+
+def test_rfactor_only_where_partials_of_the_output_stay_small():
+    assert factorable(facts_of(naive("matmul", 512, 512, 512))) == []
+    assert factorable(facts_of(naive("conv2d_nchw", 1, 64, 56, 56, 64, 3, 3, 1, 1))) == []
+    gemv = facts_of(naive("gemv", 4096, 4096))
+    assert factorable(gemv) == [("C.update", "C", "C.k")]
+    assert partials_limit(gemv, "C.k") == 64  # 64 copies of a 4,096-long output
+    row = facts_of(naive("softmax", 1, 65536))
+    assert [(blk, group) for blk, _, group in factorable(row)] == [("M.update", "M.c"),
+                                                                   ("S.update", "E.j")]
+    assert partials_limit(row, "E.j") == 1 << 18
+
+
+def test_rfactor_loops_sit_at_the_root_over_the_reduction_of_their_body(row):
+    g = Graph(row)
+    facts = facts_of(row.naive)
+    parents = {}
+    for members in g.nodes.values():
+        for op, _, kids in members:
+            for kid in kids:
+                parents.setdefault(kid, set()).add(op)
+    factored = [(c, lit, kids) for c, members in g.nodes.items() for op, lit, kids in members
+                if op == "rloop"]
+    assert {kind for _, (_, _, kind), _ in factored} == {"serial", "parallel"}
+    assert {group for _, (group, _, _), _ in factored} == {"M.c", "E.j"}
+    for cls, (group, _, _), (body,) in factored:
+        assert parents[cls] == {"Root.rcons"}
+        blocks = g.reach(body)[0]
+        reducing = [b for b in blocks if group in facts.reduce_groups[b]]
+        assert len(reducing) == 1  # the only accumulation the loop runs is the one factored
+        assert {facts.stage_of[b] for b in blocks} == {facts.stage_of[reducing[0]]}
+
+
+def test_the_space_holds_a_row_softmax_factored_over_threads():
+    naive_row = naive("softmax", 1, 256)
+    sch = Schedule(naive_row)
+    for stage in ("M", "S"):
+        outer, _ = sch.split(f"{stage}.c", [-1, 16])
+        sch.reorder(outer, f"{stage}.i")
+        sch.rfactor(f"{stage}.update", outer)
+        sch.parallel(outer)
+    for stage in ("E", "Y"):
+        outer, inner = sch.split(f"{stage}.j", [-1, 16])
+        sch.reorder(outer, f"{stage}.i")
+        sch.parallel(outer)
+        sch.vectorize(inner)
+    assert build_space(naive_row, default_rules()).contains_program(sch.program)
+    assert not build_space(naive_row, resolve("-rfactor")).contains_program(sch.program)
 
 
 # ---- fuse ----------------------------------------------------------------------------------

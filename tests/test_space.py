@@ -15,7 +15,7 @@ from egglog import EGraph, union
 from eqsched.egraph.derive import realize
 from eqsched.egraph.dot import write_dot
 from eqsched.egraph.encode import encode
-from eqsched.egraph.facts import Facts, facts_of
+from eqsched.egraph.facts import Facts, facts_of, partials_limit
 from eqsched.egraph.lang import SERIALIZED_OPS, Root, root_expr, stmt_expr
 from eqsched.egraph.space import Space, SpaceError
 from eqsched.egraph.term import (
@@ -25,10 +25,12 @@ from eqsched.egraph.term import (
     Cached,
     PackRef,
     PieceLoop,
+    RfactorLoop,
     Term,
     extent_allowed,
     pack_symbol,
     parent_path,
+    partials_constraint,
     symbols,
     vector_lanes,
     walk,
@@ -125,9 +127,10 @@ def brute_force(sp: Space) -> set:
                         yield (head,) + tail
                     elif not tail[1]:  # inlined stages come before the statements
                         yield tail[0], tail[1], (head,) + tail[2]
-            elif op == "loop":
+            elif op in ("loop", "rloop"):
+                make = PieceLoop if op == "loop" else RfactorLoop
                 for body in choices(ch[3]):
-                    yield PieceLoop(leaf(ch[0]), leaf(ch[1]), leaf(ch[2]), body)
+                    yield make(leaf(ch[0]), leaf(ch[1]), leaf(ch[2]), body)
             elif op == "cached":
                 for body in choices(ch[1]):
                     yield Cached(leaf(ch[0]), body)
@@ -223,6 +226,9 @@ def brute_force(sp: Space) -> set:
             mine = tuple(s for s in syms if s[0] == group)
             loops = tuple((s.kind, s.path) for s, _ in walk(term.body)
                           if isinstance(s, PieceLoop) and s.group == group)
+            loops += tuple((partials_constraint(partials_limit(sp.facts, group)), s.path)
+                           for s, _ in walk(term.body)
+                           if isinstance(s, RfactorLoop) and s.group == group)
             key = (mine, loops, tuple(packs) if group.startswith("pack:") else ())
             if key not in valid_of_group:
                 assignments = (dict(zip(mine, values))
@@ -358,6 +364,28 @@ def test_a_tree_split_deeper_in_one_nest_counts_like_brute_force(extents):
     assert len(programs) == sp.count() == len(brute) > 0
     assert as_set(programs) == brute
     assert all(sp.contains(t, s) for t, s in programs)
+
+
+def test_an_rfactor_loop_takes_at_most_its_partials_limit_counted_like_brute_force():
+    naive = naive_program(get_workload("gemv").build(4096, 128))  # C.i 1, C.j 4096, C.k 128
+    assert partials_limit(facts_of(naive), "C.k") == 64  # 64 copies of C fill 2^18 elements
+    init = L("C.i", "", L("C.j", "", INIT))
+    inner = L("C.k", "1/2", L("C.j", "", UPDATE))
+    plain = L("C.k", "0/2", L("C.i", "", inner))
+    factored = RfactorLoop("C.k", "0/2", "serial", (L("C.i", "", inner),))
+    threads = RfactorLoop("C.k", "0/2", "parallel", (L("C.i", "", inner),))
+    sp = hand_space(Term((init, plain)), [(plain, factored), (plain, threads)], naive=naive)
+    programs, brute = sp.enumerate(), brute_force(sp)
+    assert sp.count() == len(programs) == len(brute)
+    assert as_set(programs) == brute
+    partials = [sizes[("C.k", "0/2")] for term, sizes in programs
+                if isinstance(term.body[1], RfactorLoop)]
+    assert max(partials) == 64 and 128 not in partials and 2 in partials
+    plain_count = len(programs) - len(partials)
+    # serial and parallel, each with every split of the plain nest but 128 x 1 (128 partials)
+    assert len(partials) == 2 * (plain_count - 1)
+    term, sizes = next(p for p in programs if isinstance(p[0].body[1], RfactorLoop))
+    assert encode(realize(term, sizes, naive)) == (term, sizes)
 
 
 def test_whole_extent_limits_decide_at_once():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from eqsched.egraph.term import Sizes, Term, pack_symbol
+from eqsched.egraph.term import RfactorLoop, Sizes, Term, pack_symbol
 from eqsched.ir import Program
 from eqsched.tools.rulekit import check_space
 from eqsched.workloads import list_workloads
@@ -46,6 +46,7 @@ PRIME_SIZES = {
     "batch_matmul": (2, 5, 7, 3),
     "conv2d_nchw": (1, 3, 5, 7, 5, 3, 3, 1, 1),
     "elementwise_chain": (31,),
+    "gemv": (13, 47),
     "matmul": (11, 13, 7),
     "mlp": (3, 11, 7, 5),
     "mm_exp_mm": (5, 7, 3, 11),
@@ -77,5 +78,22 @@ PADDED_SIZES = [("matmul", PRIME_SIZES["matmul"]), ("mm_exp_mm", PRIME_SIZES["mm
 @pytest.mark.parametrize("name, size", PADDED_SIZES, ids=[name for name, _ in PADDED_SIZES])
 def test_programs_with_a_padded_pack_match_the_reference(name, size):
     check = check_space(name, size, PADDED_SAMPLES, where=padded, draws=400)
+    assert check.sampled == PADDED_SAMPLES
+    assert not check.failures, "\n".join(check.failures[:3])
+
+
+def shared_partials(term: Term, sizes: Sizes, base: Program) -> bool:
+    """Does the program factor a reduction over partials that threads share?"""
+    return any(isinstance(s, RfactorLoop) and s.kind == "parallel" for s in term.body)
+
+
+# A row statistic and a matrix-vector product, at prime sizes too (the last partial short):
+# each thread accumulates its own partials, which a nest after the loop sums.
+RFACTOR_SIZES = [("softmax", (1, 256)), ("softmax", (3, 61)), ("gemv", (13, 47))]
+
+
+@pytest.mark.parametrize("name, size", RFACTOR_SIZES, ids=[f"{n}-{s}" for n, s in RFACTOR_SIZES])
+def test_programs_whose_threads_share_a_reduction_match_the_reference(name, size):
+    check = check_space(name, size, PADDED_SAMPLES, where=shared_partials, draws=400)
     assert check.sampled == PADDED_SAMPLES
     assert not check.failures, "\n".join(check.failures[:3])

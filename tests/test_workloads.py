@@ -9,8 +9,8 @@ from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.te import Computation, WorkloadError, compute, placeholder
 from eqsched.workloads import get_workload, list_workloads, workload
 
-BUILT_INS = ["batch_matmul", "conv2d_nchw", "elementwise_chain", "matmul", "mlp", "mm_exp_mm",
-             "softmax"]
+BUILT_INS = ["batch_matmul", "conv2d_nchw", "elementwise_chain", "gemv", "matmul", "mlp",
+             "mm_exp_mm", "softmax"]
 
 
 def test_built_ins_are_registered_with_sizes_matching_their_params():

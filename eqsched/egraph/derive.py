@@ -14,6 +14,9 @@ The recipe is canonical (one trace per term), in this order:
      which fuse mirrors from the blocks there, are then split further and reordered like the host's.
      If some block cannot be fused this way, the next host is tried.
    A loop's name is therefore `<naive loop of its owner's axis><piece suffix>` (`C.init.j.2`).
+   Then `rfactor` each RfactorLoop (a root statement) along its loop: the accumulating block
+   under it that reduces over its group (before the annotations: a parallel rfactor loop is
+   legal only once the partials exist).
 3. `vectorize` / `unroll` / `parallel` each annotated loop, in term pre-order. Annotations come
    before cache_write, because cache_write gives its copy loops the kinds of the tile loops.
 4. `cache_write(<the stage's block in the tile, its update if there>, at=<the loop whose only
@@ -40,6 +43,7 @@ from .term import (
     BlockRef,
     Cached,
     PieceLoop,
+    RfactorLoop,
     Sizes,
     Stmt,
     Term,
@@ -150,6 +154,9 @@ class _Derivation:
                               f"{sorted(have)} after inlining {list(self.term.inlined)}")
         for stmt in self.term.body:
             self._build_root(stmt)
+        for stmt in self.term.body:
+            if isinstance(stmt, RfactorLoop):
+                self._rfactor(stmt)
         for s, _ in walk(self.term.body):
             if isinstance(s, PieceLoop) and s.kind != LoopKind.SERIAL:
                 op = ANNOTATE[s.kind]
@@ -251,6 +258,14 @@ class _Derivation:
             factors = [self._size((group, split_path(parent, n, int(ways))))
                        for n in range(int(ways))]
             self._step(f"{group}[{parent}]", self.sch.split, base + path_suffix(parent), factors)
+
+    def _rfactor(self, loop: RfactorLoop) -> None:
+        where = show(Term((loop,)))
+        found = [b for b in _blocks_in(loop) if loop.group in self.facts.reduce_groups[b]]
+        if len(found) != 1:
+            raise DeriveError(f"{where}: rfactor needs one block reducing over {loop.group} "
+                              f"under the loop, found {found}")
+        self._step(where, self.sch.rfactor, found[0], self.names[id(loop)])
 
     # ---- annotations ----------------------------------------------------------------------
 

@@ -12,7 +12,9 @@ an axis it iterates (`C.i.1.0` with siblings `.0 .1 .2 .3` and `.1.1` is "1/4.0/
         for C.k ...: for C.i.1 in unrolled(8):     C.k[]{C.i[1/2]@unroll{C.update}}}}
 
 An `Alloc` of `<stage>.local` is `Cached(stage, body)` without its copy nests; a `<buf>_packed`
-copy nest is a `PackRef` (factor -> the pack symbol's size); stages of the computation that have
+copy nest is a `PackRef` (factor -> the pack symbol's size); a root loop that starts with an
+rfactor partial init (`<stage>.rf_init`) is an `RfactorLoop` without that nest, and the final
+reduction nest after it (`<stage>.rf_final`) is implied; stages of the computation that have
 no block left were inlined (listed in stage order). Anything else raises EncodeError.
 
 See docs/ARCHITECTURE.md §4 The e-graph.
@@ -28,6 +30,7 @@ from .term import (
     Cached,
     PackRef,
     PieceLoop,
+    RfactorLoop,
     Sizes,
     Stmt,
     Term,
@@ -95,6 +98,13 @@ class _Encoder:
             pack = self._pack(node)
             if pack is not None:
                 packs.append(pack)
+            elif _rfactor_final(node):
+                continue
+            elif isinstance(node, Loop) and any(map(_rfactor_init, node.body)):
+                group, path = self._piece(node)
+                self._record((group, path), node.extent, f"loop {node.name}")
+                inside = tuple(self._stmt(n) for n in node.body if not _rfactor_init(n))
+                body.append(RfactorLoop(group, path, node.kind.value, inside))
             else:
                 body.append(self._stmt(node))
         present = {b.stage for b in self.prog.blocks()}
@@ -151,7 +161,7 @@ class _Encoder:
     def _binding_of(self, loop: Loop) -> Binding:
         """The binding of the axis the loop iterates, in the first block under it that is not a
         tile copy (a copy's axes also run over its own copy loops, which the term omits)."""
-        for blk in (n for n, _ in walk(loop.body) if isinstance(n, Block) and not _tile_copy(n)):
+        for blk in (n for n, _ in walk(loop.body) if isinstance(n, Block) and not _implied(n)):
             for b in blk.bindings:
                 if any(lp == loop.name for lp, _ in b.terms):
                     return b
@@ -178,6 +188,26 @@ class _Encoder:
         factor = self.prog.buffer(copy.buffer).shape[-1]
         self._record(pack_symbol(source.buffer), factor, f"pack {copy.name}")
         return PackRef(readers[0], source.buffer, dims[0])
+
+
+def _implied(blk: Block) -> bool:
+    """Blocks a term leaves implied: tile copies and rfactor's partial init and final sum."""
+    return _tile_copy(blk) or blk.name in (f"{blk.stage}.rf_init", f"{blk.stage}.rf_final")
+
+
+def _rfactor_init(node: Node) -> bool:
+    """The partial init nest `rfactor` puts first in the body of its loop."""
+    return _only_block(node, "rf_init")
+
+
+def _rfactor_final(node: Node) -> bool:
+    """The nest after an rfactor loop that reduces the partials into the stage's buffer."""
+    return _only_block(node, "rf_final")
+
+
+def _only_block(node: Node, role: str) -> bool:
+    found = [b for b, _ in walk((node,)) if isinstance(b, Block)]
+    return len(found) == 1 and found[0].name == f"{found[0].stage}.{role}"
 
 
 def _tile_copy(blk: Block) -> bool:

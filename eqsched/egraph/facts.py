@@ -10,10 +10,12 @@ See docs/ARCHITECTURE.md §3 Vocabulary and §4 The e-graph.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..expr import Var, loads
 from ..ir import Block, Program
+from ..schedule import MAX_PARTIAL_ELEMENTS
 
 
 @dataclass
@@ -92,3 +94,13 @@ def facts_of(prog: Program) -> Facts:
             groups[(b.name, last.name)] if isinstance(last, Var) else None)
     facts.elementwise = {(w, r, groups[key]) for w, r, key in elementwise}
     return facts
+
+
+def partials_limit(facts: Facts, group: str) -> int:
+    """The most partials an rfactor loop over `group` may have: each is a copy of the output
+    of a stage reducing over it, and all of them fit MAX_PARTIAL_ELEMENTS (0 when no sum or max
+    reduces over the group)."""
+    points = [math.prod(a.extent for a in blk.axes if a.kind == "spatial")
+              for name, blk in facts.blocks.items()
+              if blk.reduce in ("sum", "max") and group in facts.reduce_groups[name]]
+    return MAX_PARTIAL_ELEMENTS // max(points) if points else 0

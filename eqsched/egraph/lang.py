@@ -2,6 +2,7 @@
 
     Body  = nil | cons(Stmt, Body) | append(Body, Body)      (append: only for fusion rules)
     Stmt  = loop(group, path, Kind, Body) | block(name) | cached(stage, Body)
+          | rloop(group, path, Kind, Body)      (an rfactor loop: in root position only)
     Root  = rnil | rcons(Stmt, Root) | inlined(stage, Root) | packed(block, buffer, dim, Root)
     Kind  = serial | vector | unroll | parallel
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 from egglog import Expr, StringLike, function, i64Like, relation
 
 from ..ir import LoopKind
-from .term import BlockRef, Cached, PieceLoop, Stmt, Term
+from .term import BlockRef, Cached, PieceLoop, RfactorLoop, Stmt, Term
 
 
 class Kind(Expr):
@@ -66,6 +67,10 @@ def loop(group: StringLike, path: StringLike, kind: Kind, body: Body) -> SStmt: 
 
 
 @function
+def rloop(group: StringLike, path: StringLike, kind: Kind, body: Body) -> SStmt: ...
+
+
+@function
 def block(name: StringLike) -> SStmt: ...
 
 
@@ -93,7 +98,7 @@ SERIALIZED_OPS = {
     "Kind.serial": "serial", "Kind.vector": "vector", "Kind.unroll": "unroll",
     "Kind.parallel": "parallel", "Body.nil": "nil", "Body.cons": "cons", "Root.rnil": "rnil",
     "Root.rcons": "rcons", "Root.inlined": "inlined", "Root.packed": "packed", "loop": "loop",
-    "block": "block", "cached": "cached", "append": "append",
+    "rloop": "rloop", "block": "block", "cached": "cached", "append": "append",
 }
 
 
@@ -105,6 +110,8 @@ def body_expr(stmts: tuple[Stmt, ...]) -> Body:
 
 
 def stmt_expr(s: Stmt) -> SStmt:
+    if isinstance(s, RfactorLoop):
+        return rloop(s.group, s.path, KIND_EXPR[s.kind](), body_expr(s.body))
     if isinstance(s, PieceLoop):
         return loop(s.group, s.path, KIND_EXPR[s.kind](), body_expr(s.body))
     if isinstance(s, BlockRef):

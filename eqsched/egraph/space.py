@@ -62,7 +62,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..ir import LoopKind, Program
-from .facts import Facts
+from .facts import Facts, partials_limit
 from .lang import SERIALIZED_OPS
 from .saturate import Limits, RewriteRule, saturate
 from .term import (
@@ -72,12 +72,14 @@ from .term import (
     Cached,
     PackRef,
     PieceLoop,
+    RfactorLoop,
     Sizes,
     Stmt,
     Term,
     extent_allowed,
     pack_factors,
     parent_path,
+    partials_constraint,
     remainder_tiles,
     show,
     split_path,
@@ -91,7 +93,9 @@ Table = dict[int, np.ndarray]  # tree key -> counts by profile
 Omega = tuple[int, ...]  # a profile index per array axis (0 on an axis a table does not split)
 
 INLINES, STMTS, PACKS = 0, 1, 2  # the part of the root list a class may start in, in order
-PROGRAM_OPS = {"nil", "cons", "loop", "block", "cached", "rnil", "rcons", "inlined", "packed"}
+PROGRAM_OPS = {"nil", "cons", "loop", "rloop", "block", "cached", "rnil", "rcons", "inlined",
+               "packed"}
+LOOP_OPS = ("loop", "rloop")
 EMPTY: Key = frozenset()
 
 
@@ -271,11 +275,12 @@ class Space:
         if op not in PROGRAM_OPS or raw.get("subsumed"):
             return None
         ch = [self._class_of[c] for c in raw["children"]]
-        if op == "loop":
+        if op in LOOP_OPS:
             group, path, kind = self._leaf(ch[0]), self._leaf(ch[1]), self._leaf(ch[2])
             if kind not in KINDS:
                 raise SpaceError(f"loop over {group}[{path}] has kind {kind!r}")
-            own = frozenset({(group, path, _constraint(kind))})
+            own = frozenset({(group, path, _constraint(kind))}
+                            | ({self._partials(group, path)} if op == "rloop" else set()))
             return op, (group, path, kind), ((ch[3], 0),), own
         if op in ("cons", "rcons"):
             return op, (), ((ch[0], 0), (ch[1], STMTS if op == "rcons" else 0)), EMPTY
@@ -290,6 +295,15 @@ class Space:
             return op, (blk, buf, dim), ((ch[3], PACKS),), frozenset({(f"pack:{buf}", "",
                                                                         f"pack:{dim}")})
         return op, (), (), EMPTY  # nil, rnil
+
+    def _partials(self, group: str, path: str) -> tuple[str, str, str]:
+        """The limit an rfactor loop over this piece puts on its extent."""
+        return group, path, partials_constraint(partials_limit(self.facts, group))
+
+    def _key_of(self, term: Term) -> Key:
+        """The constraints a term's loops put on its sizes."""
+        return _key_of(term) | {self._partials(s.group, s.path) for s in term.body
+                                if isinstance(s, RfactorLoop)}
 
     def _parse(self) -> None:
         """Walk the classes reachable from the root, children first; refuse cycles."""
@@ -403,18 +417,19 @@ class Space:
         return np.array(values, dtype=object).reshape(shape)
 
     def _own_table(self, node: _Node) -> Table:
-        ones = np.ones((1,) * self._ndim, dtype=object)
-        if node.op != "loop":
-            return {node.own: ones}
-        (group, path, limit), = node.triples
-        if not limit:
-            return {node.own: ones}
-        if not path:  # the whole extent is known
-            whole = self.facts.extents[group]
-            return {node.own: ones} if extent_allowed(limit, whole, self.vector_lanes) else {}
-        bit = self._limit_bit[(group, path, limit)]
-        fits = self._along(group, [int(bool(m & bit)) for m in
-                                   self._profiles(group, node.own & self._group_mask[group]).masks])
+        fits = np.ones((1,) * self._ndim, dtype=object)
+        if node.op not in LOOP_OPS:
+            return {node.own: fits}
+        for group, path, limit in sorted(node.triples):
+            if not limit:
+                continue
+            if not path:  # the whole extent is known
+                if not extent_allowed(limit, self.facts.extents[group], self.vector_lanes):
+                    return {}
+                continue
+            bit = self._limit_bit[(group, path, limit)]
+            masks = self._profiles(group, node.own & self._group_mask[group]).masks
+            fits = fits * self._along(group, [int(bool(m & bit)) for m in masks])
         return {node.own: fits} if fits.any() else {}
 
     def _lift(self, array: np.ndarray, key: int, wider: int) -> np.ndarray:
@@ -752,7 +767,7 @@ class Space:
 
     def contains(self, term: Term, sizes: Sizes) -> bool:
         """Is this concrete program one of the space's?"""
-        key = _key_of(term)
+        key = self._key_of(term)
         if set(sizes) != symbols(term):
             return False
         for group, options in self._size_lists(key):
@@ -800,7 +815,7 @@ class Space:
         for i, node in enumerate(self._slot_nodes(slot)):
             if isinstance(stmt, BlockRef) and node.op == "block":
                 ok = node.literals == (stmt.name,)
-            elif isinstance(stmt, PieceLoop) and node.op == "loop":
+            elif isinstance(stmt, PieceLoop) and node.op == _loop_op(stmt):
                 ok = node.literals == (stmt.group, stmt.path, stmt.kind) \
                     and self._match_body(node.children[0], stmt.body) is not None
             elif isinstance(stmt, Cached) and node.op == "cached":
@@ -864,7 +879,7 @@ class Space:
 
         def stmt(slot: Slot, s: Stmt) -> None:
             node = chosen(slot, self._match_stmt(slot, s))
-            if node.op in ("loop", "cached"):
+            if node.op in ("loop", "rloop", "cached"):
                 body_of(node.children[0], s.body)
 
         root(self.root_slot, term.packs, term.inlined, term.body)
@@ -873,7 +888,7 @@ class Space:
     def size_options(self, term: Term) -> list[tuple[str, list[dict[str, int]]]]:
         """Per dimension group the term uses (sorted), every valid {path: extent} assignment;
         a group with no valid assignment has an empty list (the structure has no program)."""
-        return self._size_lists(_key_of(term))
+        return self._size_lists(self._key_of(term))
 
     # ---- export ----------------------------------------------------------------------------
 
@@ -909,6 +924,8 @@ def _build(node: _Node, values: list) -> Any:
         return (values[0],) + values[1]
     if op == "loop":
         return PieceLoop(lit[0], lit[1], lit[2], values[0])
+    if op == "rloop":
+        return RfactorLoop(lit[0], lit[1], lit[2], values[0])
     if op == "block":
         return BlockRef(lit[0])
     if op == "cached":
@@ -921,6 +938,10 @@ def _build(node: _Node, values: list) -> Any:
     if op == "inlined":
         return packs, (lit[0],) + inlined, body
     return (PackRef(*lit),) + packs, inlined, body  # packed
+
+
+def _loop_op(stmt: PieceLoop) -> str:
+    return "rloop" if isinstance(stmt, RfactorLoop) else "loop"
 
 
 def _key_of(term: Term) -> Key:

@@ -13,6 +13,7 @@ split of "1/4". Sibling pieces multiply to their parent's extent, except that th
 whole extent may leave a remainder (`remainder_tiles`): its outermost piece is then the ceiling.
 
     Stmt  = PieceLoop(group, path, kind, body) | BlockRef(name) | Cached(stage, body)
+            | RfactorLoop(group, path, kind, body)      (a PieceLoop, at the root only)
     Root  = the program's top-level statements, plus program-level facts: inlined stages and
             packed operands (PackRef), which have no place in the loop tree.
 
@@ -38,6 +39,14 @@ class PieceLoop:
     path: str
     kind: str
     body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class RfactorLoop(PieceLoop):
+    """A root-level loop over the outermost piece of a reduce group whose stage's reduction is
+    factored along it (`schedule.Schedule.rfactor`): each iteration accumulates into partials of
+    its own, reduced after the loop. Its extent is the number of partials, limited so that
+    they fit `schedule.MAX_PARTIAL_ELEMENTS` (`partials_constraint`)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,7 @@ def show(term: Term) -> str:
         if isinstance(s, Cached):
             return f"cached:{s.stage}{{{' ; '.join(stmt(x) for x in s.body)}}}"
         k = "" if s.kind == LoopKind.SERIAL else f"@{s.kind}"
+        k += "@rfactor" if isinstance(s, RfactorLoop) else ""
         return f"{s.group}[{s.path}]{k}{{{' ; '.join(stmt(x) for x in s.body)}}}"
 
     extra = [f"inline:{x}" for x in term.inlined]
@@ -127,6 +137,12 @@ def show(term: Term) -> str:
 # Size constraints that a loop kind puts on its piece's extent (legal for the backend at any
 # extent, but the space only holds the useful ones: whole vectors, short unrolls).
 MAX_UNROLL_EXTENT = 16
+
+
+def partials_constraint(limit: int) -> str:
+    """The constraint an rfactor loop puts on its piece, beside its kind's: at most `limit`
+    iterations, each a copy of the stage's output (`facts.partials_limit`)."""
+    return f"partials:{limit}"
 
 
 def vector_lanes(register_lanes: int) -> tuple[int, ...]:
@@ -197,4 +213,6 @@ def extent_allowed(kind: str, extent: int, lanes: Sequence[int] = VECTOR_LANES) 
         return extent in lanes
     if kind == LoopKind.UNROLL:
         return extent <= MAX_UNROLL_EXTENT
+    if kind.startswith("partials:"):
+        return extent <= int(kind.removeprefix("partials:"))
     return True

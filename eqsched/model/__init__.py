@@ -3,7 +3,7 @@ numpy end to end and turned, a few nodes at a time, into te computations to tune
 `extract_tasks`); ONNX import and export (they need the `onnx` extra only when called) and the
 built-in models.
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from .builder import ModelBuilder

@@ -5,7 +5,7 @@
     h = b.relu(b.add(b.matmul(x, b.weight("w0", w0)), b.weight("b0", b0)))
     model = b.build(b.add(b.matmul(h, b.weight("w1", w1)), b.weight("b1", b1), name="y"))
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 Weights are random from a fixed seed (no trained parameters ship with eqsched), scaled the way
 the networks are initialized so activations keep their usual ranges.
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

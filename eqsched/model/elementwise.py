@@ -1,7 +1,7 @@
 """Elementwise operators: Add, Sub, Mul, Div with numpy broadcasting; Relu, Tanh, Exp, Erf, Sqrt,
 Sigmoid and Gelu; ScaleShift, the per-channel form of an inference BatchNormalization.
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

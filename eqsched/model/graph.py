@@ -7,7 +7,7 @@
 Every value (input, weight, node output) has a unique name, a Python identifier without a double
 underscore (an operator's inner stages are `<node>__<part>`), and a static shape.
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 stage reads its input at `index_map(out index)`, a re-indexing a consumer can take over (a
 Reshape re-indexes a contiguous buffer: the flat offset is kept).
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Contractions: MatMul (numpy's, batched with broadcasting), Gemm (alpha, beta, transA, transB)
 and Conv (2-D, NCHW, pads and strides; dilation 1 and one group).
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

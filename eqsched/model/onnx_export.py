@@ -8,7 +8,7 @@ Every node keeps its name and output name; weights are initializers. ScaleShift 
 BatchNormalization) is written as a BatchNormalization with mean 0, variance 1 and epsilon 0,
 which computes the same numbers and imports back as the same node.
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ a one-line ModelError naming the node and the operator:
 Value names become identifiers (other characters turn into `_`; `Model.source_names` keeps the
 file's names of renamed inputs and outputs); messages keep ONNX's names.
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

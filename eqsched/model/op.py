@@ -17,7 +17,7 @@ are named `<node>__<part>` (value names never hold a double underscore). A layou
 index)`; when that index is affine, a computation has its readers read the input there instead
 (a `View`), with no stage.
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

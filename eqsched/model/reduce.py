@@ -1,7 +1,7 @@
 """Reductions: ReduceSum, ReduceMean, ReduceMax (axes, keepdims), Softmax along one axis, and
 LayerNormalization over the trailing axes.
 
-See docs/ARCHITECTURE.md §16b Models.
+See docs/ARCHITECTURE.md §18 Models.
 """
 
 from __future__ import annotations

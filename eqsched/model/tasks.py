@@ -24,7 +24,7 @@ constants); a task's weight is its number of occurrences, and each occurrence ma
 placeholder and output names to the model's values, so a compiled model can call one kernel at
 each place.
 
-See docs/ARCHITECTURE.md §16d Tasks and compiled models.
+See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
 
 from __future__ import annotations
