@@ -21,6 +21,15 @@ resumes where it stopped.
 While a round is measured the next one is searched (`_Exploration.rounds`), but never while a
 candidate is timed (`trials.TimingGate`); the proposals are the same as if it searched after.
 
+`explore` is one `TaskTuner` given its whole budget at once. A tuner explores any `te.Computation`
+(a fused task of a model, made at run time), stored under `computation_key` unless it is a
+registered workload, and can be stepped a few trials at a time: it saturates once, and its search,
+elites and cost model carry over from one slice to the next (a task scheduler's rounds).
+
+    tuner = TaskTuner(computation, db="eqsched.db", cost_model="analytic")
+    tuner.tune(16); tuner.tune(16)        # the best seconds after each slice
+    result = tuner.close()                # the finalists, the checked trace, the run's status
+
 Only correct programs can be the best, and the best is reported only once its trace, replayed on
 the naive program, gives the program that was measured (else the run fails with an ExploreError).
 The run is recorded before saturation, and its status says how it ended: `done` only when the
@@ -61,6 +70,7 @@ from .ir import Program, naive_program
 from .machine_model import machine_model
 from .runner import check_fits_in_memory
 from .schedule import Schedule, ScheduleError
+from .te import Computation
 from .trials import Measurer, Settings, TimingGate, Trial, check_seed, has_parallel_loops
 from .workloads import get_workload
 
@@ -68,8 +78,8 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
     from .rules import Spec as RuleSpec
 
 DEFAULT_DB = "eqsched.db"
-__all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings", "Trial",
-           "explore", "search_beside_measuring"]
+__all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings",
+           "TaskTuner", "Trial", "computation_key", "explore", "search_beside_measuring"]
 
 
 class ExploreError(RuntimeError):
@@ -175,85 +185,194 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for
     `trials` candidates and/or `seconds` of wall time; see the module docstring. `target`, when
     given, replaces `settings.target` ("host", "host,-avx512f", "haswell", a Target)."""
-    from .rules import resolve
-
-    budget = _Budget(trials, None if seconds is None else check_seconds(seconds), batch,
-                     started=time.perf_counter())
-    if trials < 1 or batch < 1 or jobs < 1:
-        raise ValueError(f"trials, batch and jobs must be >= 1, got {trials}, {batch}, {jobs}")
-    check_seed(seed)
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
-    settings = settings or Settings()
-    if target is not None:
-        settings = replace(settings, target=target)
-    options = settings.options()
-    options.target.check_runs_here()
-    check_fits_in_memory(wl.build(*size), settings.max_memory)  # before the e-graph is built
-    say = progress or (lambda event, data: None)
-    database = db if isinstance(db, Database) else Database(db)
+    tuner = TaskTuner(wl.build(*size), key=(wl.name, list(size)), seconds=seconds, db=db,
+                      seed=seed, cost_model=cost_model, rules=rules, limits=limits, batch=batch,
+                      jobs=jobs, settings=settings, target=target, measure_naive=measure_naive,
+                      progress=progress)
     try:
-        model = cost_model_for(cost_model, options.thread_count, options.target)
-        chosen_rules = resolve(rules)
-        if isinstance(model, LearnedModel):
-            say("learning", {"stored": model.add_history(
-                database, threads=options.thread_count, target=settings.target)})
-    except Exception:
-        if not isinstance(db, Database):
-            database.close()
-        raise
-    naive = naive_program(wl.build(*size))
-    result = ExploreResult(wl.name, list(size), seed, model.name, [r.name for r in chosen_rules],
-                           {"trials": trials, "seconds": seconds, "batch": batch},
-                           target=settings.target, db_path=str(getattr(database, "path", db)))
-    try:
-        facts = machine.describe()  # with the measured FMA peak (once per process)
-        result.run_id = database.start_run(
-            workload=wl.name, size=list(size), seed=seed, budget=result.budget,
-            rules=result.rules, cost_model=model.name, machine=facts,
-            versions=facts.get("versions", {}), config=asdict(settings))
-        with _recorded(database, result, budget):
-            say("saturating", {"workload": wl.name, "size": list(size)})
-            space, result.space = _saturate(naive, chosen_rules, limits,
-                                            vector_lanes(options.target.vector_lanes))
-            gate = TimingGate()
-            search = _search(space, model, seed, gate, machine_model(options.target).peak_gflops)
-            measurer = Measurer(database, wl.name, list(size), naive, settings, result.run_id,
-                                gate, jobs)
-            run = _Exploration(result, model, search, measurer, budget,
-                               facts["peak_gflops_per_core"], jobs, say)
-            run.run(measure_naive)
+        tuner.tune(trials)
     finally:
-        if not isinstance(db, Database):
-            database.close()
+        result = tuner.close()
     return result
 
 
-@contextlib.contextmanager
-def _recorded(database: Database, result: ExploreResult, budget: _Budget) -> Iterator[None]:
-    """The run's status in the database, however the block ends: `done` when it ends normally
-    and the rounds were not interrupted, `interrupted` after Ctrl-C (the block's measurements are
-    kept, the result returned), `failed` otherwise (the error is raised again). Anything but a
-    normal end is never `done`, so `batch` runs the job again."""
-    status = "failed"
-    try:
-        yield
-        status = "interrupted" if result.interrupted else "done"
-    except KeyboardInterrupt:  # before the rounds (saturating, say); they handle their own
-        status, result.interrupted, result.stop_reason = "interrupted", True, "interrupted"
-    except BaseException as err:
-        # Every measurement so far is stored; the run says it did not finish, and why.
-        result.stop_reason = f"failed: {type(err).__name__}: {err}".splitlines()[0]
-        raise
-    finally:
-        result.wall_s = time.perf_counter() - budget.started
+def computation_key(comp: Computation) -> tuple[str, list[int]]:
+    """The database key (workload, size) of a computation that is no registered workload: its
+    name with the hash of its naive program (every stage's shapes, indices and body, and the
+    name), and no size. Two different computations under one name are kept apart."""
+    return f"{comp.name}@{naive_program(comp).hash()}", []
+
+
+class TaskTuner:
+    """An exploration of one computation that its caller steps: each `tune(trials)` measures
+    up to `trials` more candidates and returns the best time so far; `close()` re-measures the
+    finalists, checks the best's trace and records how the run ended. Saturation happens once,
+    on the first `tune`; the search, its elites, the trials tried and the cost model carry over
+    from one call to the next, so a task scheduler can give a task a few trials at a time.
+
+        tuner = TaskTuner(computation, db=database, cost_model="analytic")
+        tuner.tune(16); tuner.tune(16)   # two slices of one run: best seconds after each
+        result = tuner.close()           # an ExploreResult, as explore returns
+
+    `key` is the (workload, size) its measurements are stored under: a registered workload's
+    for `explore`, else `computation_key(computation)`. Stepped in slices, a run proposes the
+    first round of a slice after learning from the last round of the one before (in one call
+    that round is searched while the last is measured); given the same slices and database it
+    walks the same path, and a re-run measures nothing new. All calls must come from one thread
+    (the one that owns the e-graph)."""
+
+    def __init__(self, computation: Computation, *, key: tuple[str, list[int]] | None = None,
+                 seconds: float | None = None, db: str | Path | Database = DEFAULT_DB,
+                 seed: int = 0, cost_model: str | CostModel = "learned",
+                 rules: RuleSpec = None, limits: Limits | None = None, batch: int = 16,
+                 jobs: int = 1, settings: Settings | None = None,
+                 target: str | Target | None = None, measure_naive: bool = True,
+                 progress: Progress | None = None):
+        from .rules import resolve
+
+        self.budget = _Budget(0, None if seconds is None else check_seconds(seconds), batch,
+                              started=time.perf_counter())
+        if batch < 1 or jobs < 1:
+            raise ValueError(f"batch and jobs must be >= 1, got {batch}, {jobs}")
+        check_seed(seed)
+        workload, size = key if key is not None else computation_key(computation)
+        settings = settings or Settings()
+        if target is not None:
+            settings = replace(settings, target=target)
+        self.options = settings.options()
+        self.options.target.check_runs_here()
+        check_fits_in_memory(computation, settings.max_memory)  # before the e-graph is built
+        self.say = progress or (lambda event, data: None)
+        self.own_database = not isinstance(db, Database)
+        self.database = db if isinstance(db, Database) else Database(db)
         try:
-            database.finish_run(result.run_id, status=status, summary=_summary(result))
-        except DatabaseError:
-            # Failing already (a full disk failed a measurement's store first): that error is
-            # the one to report. The run stays `running`, shown `abandoned`, and resumes.
-            if status != "failed":
-                raise
+            self.model = cost_model_for(cost_model, self.options.thread_count,
+                                        self.options.target)
+            self.rules = resolve(rules)
+            if isinstance(self.model, LearnedModel):
+                self.say("learning", {"stored": self.model.add_history(
+                    self.database, threads=self.options.thread_count, target=settings.target)})
+        except Exception:
+            self.close_database()
+            raise
+        self.naive = naive_program(computation)
+        self.settings, self.seed, self.limits, self.jobs = settings, seed, limits, jobs
+        self.measure_naive = measure_naive
+        self.result = ExploreResult(
+            workload, list(size), seed, self.model.name, [r.name for r in self.rules],
+            {"trials": 0, "seconds": seconds, "batch": batch}, target=settings.target,
+            db_path=str(getattr(self.database, "path", db)))
+        self.run: _Exploration | None = None  # built on the first `tune`
+        self.closed = False
+        try:
+            self.facts = machine.describe()  # with the measured FMA peak (once per process)
+            self.result.run_id = self.database.start_run(
+                workload=workload, size=list(size), seed=seed, budget=self.result.budget,
+                rules=self.result.rules, cost_model=self.model.name, machine=self.facts,
+                versions=self.facts.get("versions", {}), config=asdict(settings))
+        except BaseException:
+            self.close_database()
+            raise
+
+    @property
+    def best_s(self) -> float | None:
+        """The best correct program's median seconds so far (None: none yet)."""
+        best = self.result.best
+        return best.median_s if best is not None else None
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the last `tune` ended short of its trials: the space has nothing untried
+        left, the time budget is spent, or it was interrupted."""
+        return (self.result.interrupted or self.budget.out_of_time()
+                or len(self.result.trials) < self.budget.trials)
+
+    def tune(self, trials: int) -> float | None:
+        """Measure (or look up) up to `trials` more candidates; the best seconds so far. After
+        an interrupt or `close` it measures nothing."""
+        if trials < 1:
+            raise ValueError(f"trials must be >= 1, got {trials}")
+        if self.closed or self.result.interrupted:
+            return self.best_s
+        self.budget.trials = len(self.result.trials) + trials
+        self.result.budget["trials"] = self.budget.trials
+        with self._failing_the_run():
+            if self.run is None:
+                self.run = self._start()
+            self.run.step()
+        return self.best_s
+
+    def close(self) -> ExploreResult:
+        """End the run: re-measure the finalists (unless interrupted), report the best with its
+        checked trace, store the run's status (`done`, `interrupted`, or `failed` with the
+        error raised again) and close a database this tuner opened. Closing twice does
+        nothing more."""
+        if self.closed:
+            return self.result
+        self.closed = True
+        status = "failed"
+        try:
+            with self._failing_the_run():
+                if self.run is not None:
+                    self.run.finish()
+                status = "interrupted" if self.result.interrupted else "done"
+        finally:
+            self.result.wall_s = time.perf_counter() - self.budget.started
+            try:
+                if status != "failed":  # a failure has finished the run already
+                    self.database.finish_run(self.result.run_id, status=status,
+                                             summary=_summary(self.result))
+            finally:
+                self.close_database()
+        return self.result
+
+    def _start(self) -> _Exploration:
+        self.say("saturating", {"workload": self.result.workload, "size": self.result.size})
+        space, self.result.space = _saturate(self.naive, self.rules, self.limits,
+                                             vector_lanes(self.options.target.vector_lanes))
+        gate = TimingGate()
+        search = _search(space, self.model, self.seed, gate,
+                         machine_model(self.options.target).peak_gflops)
+        measurer = Measurer(self.database, self.result.workload, self.result.size, self.naive,
+                            self.settings, self.result.run_id, gate, self.jobs)
+        run = _Exploration(self.result, self.model, search, measurer, self.budget,
+                           self.facts["peak_gflops_per_core"], self.jobs, self.say)
+        if self.measure_naive:
+            run.measure_naive()
+        return run
+
+    @contextlib.contextmanager
+    def _failing_the_run(self) -> Iterator[None]:
+        """An interrupt before the rounds (saturating, say) ends the run `interrupted`; the
+        rounds handle their own. Any other exception marks the run `failed` in the database
+        (its measurements so far are stored) and is raised again, so `batch` runs it again."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.result.interrupted, self.result.stop_reason = True, "interrupted"
+        except BaseException as err:
+            self.closed = True
+            self.result.stop_reason = f"failed: {type(err).__name__}: {err}".splitlines()[0]
+            self.result.wall_s = time.perf_counter() - self.budget.started
+            try:
+                self.database.finish_run(self.result.run_id, status="failed",
+                                         summary=_summary(self.result))
+            except DatabaseError:
+                # Failing already (a full disk failed a measurement's store first): that
+                # error is the one to report. The run stays `running`, shown `abandoned`.
+                pass
+            finally:
+                self.close_database()
+            raise
+
+    def close_database(self) -> None:
+        if self.own_database:
+            self.own_database = False
+            self.database.close()
 
 
 @dataclass
@@ -313,31 +432,47 @@ class _Exploration:
         self.elites: list[Candidate] = []  # measured correct candidates, fastest first
         self.times_of: dict[str, float] = {}
         self.best: Candidate | None = None  # the candidate of result.best
-        self.pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
         # While a round is measured (in worker processes) the next one is searched, so round
         # r + 1 is ranked with what rounds up to r - 1 taught the model. The search waits instead
         # when every core already measures; the proposals are the same either way.
         self.overlap = search_beside_measuring(jobs, measurer.settings.options().thread_count)
-        self.measuring = ThreadPoolExecutor(1)
-        self.stop = threading.Event()
         self.proposed: list[tuple[Candidate, float]] = []  # the round being measured
         self.done: list[Trial] = []  # its trials measured so far
         self.round_index, self.round_started = 0, time.perf_counter()
 
-    def run(self, measure_naive: bool) -> None:
-        """The naive time and the rounds; then, unless they failed, the result (its best checked
-        against its trace). An interrupt ends them with the result so far."""
+    def measure_naive(self) -> None:
+        """The naive program's time, for the speedup (an interrupt ends the run here)."""
         try:
-            if measure_naive:
-                self.result.naive_median_s = self.measurer.naive_median_s()
+            self.result.naive_median_s = self.measurer.naive_median_s()
+        except KeyboardInterrupt:
+            self.result.interrupted, self.result.stop_reason = True, "interrupted"
+
+    def step(self) -> None:
+        """The rounds up to the budget's trials (the caller raises it slice by slice). An
+        interrupt ends them with the trials so far, a round cut short among them."""
+        if self.result.interrupted:
+            return
+        self.pool = ThreadPoolExecutor(self.jobs) if self.jobs > 1 else None
+        self.measuring = ThreadPoolExecutor(1)
+        self.stop = threading.Event()
+        try:
             self.rounds()
-            self.remeasure_finalists()
         except KeyboardInterrupt:
             self.result.interrupted, self.result.stop_reason = True, "interrupted"
         finally:
             self.stop_measuring()
         if self.done:  # a round an interrupt cut short: its finished trials count
             self.close_round(whole=False)
+            self.done = []
+
+    def finish(self) -> None:
+        """Unless interrupted, the finalists timed again; then the result (its best checked
+        against its trace)."""
+        if not self.result.interrupted:
+            try:
+                self.remeasure_finalists()
+            except KeyboardInterrupt:
+                self.result.interrupted, self.result.stop_reason = True, "interrupted"
         self.finish_result()
 
     def rounds(self) -> None:

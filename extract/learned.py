@@ -163,10 +163,12 @@ def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
             machine_key: str | None = None, workloads: Sequence[str] | None = None,
             target: str = "host") -> tuple[list[tuple[str, Example]], int]:
     """Examples of every stored measurement `training_rows` selects, each with its workload
-    name, and how many could not be replayed (traces of an older schedule format). Inputs are
+    name, and how many could not be replayed (traces of an older schedule format, or of a
+    computation that is no registered workload). Inputs are
     cached in the database (when it is writable): replaying a trace and computing features and
     the prior costs about 25 ms a measurement."""
     from eqsched.db import training_rows
+    from eqsched.te import WorkloadError
     from eqsched.workloads import get_workload
 
     rows = training_rows(db, machine_key, threads=threads, workloads=workloads, target=target)
@@ -178,7 +180,14 @@ def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
     skipped = 0
     for row in rows:
         if row.key not in naive:
-            naive[row.key] = naive_program(get_workload(row.workload).build(*row.size))
+            try:
+                workload = get_workload(row.workload)
+            except WorkloadError:
+                # A task's computation (explore.computation_key), made at run time by the
+                # process that tuned it: nothing here can rebuild its naive program.
+                skipped += 1
+                continue
+            naive[row.key] = naive_program(workload.build(*row.size))
         x = cached.get(row.id)
         if x is None or len(x) != len(FEATURE_NAMES) + 1:
             try:
