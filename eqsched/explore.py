@@ -285,6 +285,20 @@ class TaskTuner:
         return best.median_s if best is not None else None
 
     @property
+    def trials_taken(self) -> int:
+        """Trials so far, measured or looked up, over every slice."""
+        return len(self.result.trials)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result.interrupted
+
+    @property
+    def stop_reason(self) -> str:
+        """Why the last slice ended (a budget spent, the space exhausted, an interrupt)."""
+        return self.result.stop_reason
+
+    @property
     def exhausted(self) -> bool:
         """Whether the last `tune` ended short of its trials: the space has nothing untried
         left, the time budget is spent, or it was interrupted."""

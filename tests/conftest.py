@@ -1,6 +1,7 @@
 """Shared test helpers: `within`, which fails a test that would otherwise hang,
-`synthetic_machine`, a machine model of no particular CPU, and `small_search`, which makes
-explore's search cheap for tests about what surrounds it."""
+`synthetic_machine`, a machine model of no particular CPU, `small_search`, which makes
+explore's search cheap for tests about what surrounds it, and `LatencyCurve`, a synthetic task
+for the task-tuning loop and its schedulers."""
 
 import functools
 import signal
@@ -69,3 +70,21 @@ def synthetic_machine_model() -> MachineModel:
 def synthetic_machine() -> MachineModel:
     """`synthetic_machine_model()`: a test changes what it needs with dataclasses.replace."""
     return synthetic_machine_model()
+
+
+class LatencyCurve:
+    """A synthetic task for `task_tuning.run_rounds` (a `Tunable`): its best latency after n
+    trials is `latency(n)` seconds (None: no valid program yet), and its space holds `programs`
+    candidates, after which a slice ends short."""
+
+    def __init__(self, latency, programs: int = 10**9):
+        self.latency, self.programs = latency, programs
+        self.trials_taken, self.exhausted, self.interrupted, self.stop_reason = 0, False, False, ""
+
+    def tune(self, trials: int):
+        got = min(trials, self.programs - self.trials_taken)
+        self.trials_taken += got
+        self.exhausted = got < trials
+        self.stop_reason = (f"the space has {self.programs} programs; all measured"
+                            if self.exhausted else "the trial budget is spent")
+        return self.latency(self.trials_taken)
