@@ -16,13 +16,16 @@ from eqsched.db import Database, DatabaseError
 from eqsched.explore import (
     ExploreError,
     Settings,
+    TaskTuner,
     check_seconds,
+    computation_key,
     explore,
     search_beside_measuring,
 )
 from eqsched.ir import naive_program
 from eqsched.machine_model import machine_model
 from eqsched.schedule import Schedule
+from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
 from eqsched.workloads import get_workload
 
 SIZE = (16, 32, 8)
@@ -116,6 +119,39 @@ def test_searching_while_measuring_proposes_what_searching_after_would(tmp_path,
     waited = run(db, trials=12)
     assert waited.measured == 0
     assert [t.program_hash for t in waited.trials] == [t.program_hash for t in overlapped.trials]
+
+
+def row_scale(rows: int, cols: int) -> Computation:
+    """Y[i, j] = X[i, j] * sum(X[i, :]): a computation made here, registered as no workload."""
+    X = placeholder((rows, cols), "X")
+    c = reduce_axis(cols, "c")
+    S = compute((rows,), lambda i: sum_(X[i, c], axis=c), "S")
+    Y = compute((rows, cols), lambda i, j: X[i, j] * S[i], "Y")
+    return Computation("row_scale", [Y])
+
+
+def test_a_tuner_stepped_in_slices_saturates_once_and_a_rerun_measures_nothing(tmp_path):
+    db = tmp_path / "x.db"
+
+    def tune_in_slices():
+        events = []
+        tuner = TaskTuner(row_scale(8, 32), db=db, cost_model="random", batch=4, settings=FAST,
+                          rules=["tile", "vectorize", "parallel"], measure_naive=False,
+                          progress=lambda event, data: events.append(event))
+        slices = [tuner.tune(4), tuner.tune(4)]
+        return tuner.close(), slices, events
+
+    result, slices, events = tune_in_slices()
+    assert events.count("saturating") == 1 and len(result.rounds) == 2
+    assert slices[1] <= slices[0] and result.best.correct  # checked in the worker against numpy
+    key = computation_key(row_scale(8, 32))
+    assert (result.workload, result.size) == (key[0], list(key[1]))
+    with Database(db) as d:
+        assert len(d.records(*key)) == result.measured == 8
+        assert d.runs(*key)[0]["status"] == "done"
+    again, _, _ = tune_in_slices()
+    assert again.measured == 0
+    assert [t.program_hash for t in again.trials] == [t.program_hash for t in result.trials]
 
 
 class SearchBuilt(Exception):

@@ -191,6 +191,20 @@ def test_history_replays_stored_traces_and_caches_their_inputs(tmp_path, drawn,
         assert model.add_history(db) == 5 and not model.fitted
 
 
+def test_history_skips_a_computation_no_registry_knows(tmp_path, drawn, synthetic_seconds):
+    # A model's task is stored under its name and naive hash (explore.computation_key), made at
+    # run time by the process that tuned it: no later process can rebuild its naive program.
+    naive, items = drawn
+    (prog, term, sizes), s = items[0], synthetic_seconds[0]
+    with Database(tmp_path / "h.db", machine_fp="machine-a") as db:
+        db.add(Record("dense@0123456789abcdef", [], prog.hash(), "", {},
+                      derive(term, sizes, naive), [s], s, 1.0, True, None))
+        db.add(Record("matmul", list(SIZE), prog.hash(), "", {}, derive(term, sizes, naive),
+                      [s], s, 1.0, True, None))
+        found, skipped = history(db, Iterations(), HARDWARE)
+    assert skipped == 1 and [w for w, _ in found] == ["matmul"]
+
+
 def test_the_inputs_key_names_the_prior_its_settings_and_the_hardware():
     class Scaled(Iterations):
         def __init__(self, scale):
