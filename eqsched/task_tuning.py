@@ -43,7 +43,7 @@ from .expr import to_str
 from .extract import CostModel
 from .task_scheduler import SchedulerError, TaskScheduler, TaskState, get_scheduler
 from .te import Computation
-from .trials import Settings
+from .trials import Settings, check_seed
 
 if TYPE_CHECKING:
     from .rules import Spec as RuleSpec
@@ -69,7 +69,7 @@ class Task:
                              f"{self.weight!r}")
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # a name, not the exponent of 1e-05
 
 
 def signature(comp: Computation) -> str:
@@ -179,6 +179,7 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
         raise ValueError(f"trials and slice_trials must be >= 1, got {trials}, {slice_trials}")
     if early_stopping is not None and early_stopping < 1:
         raise ValueError(f"early_stopping must be >= 1 or None, got {early_stopping}")
+    check_seed(seed)
     chosen = get_scheduler(scheduler, seed)
     say = progress or (lambda event, data: None)
     states = [TaskState(i, t.name, float(t.weight), t.computation.flops,
