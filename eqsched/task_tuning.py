@@ -202,9 +202,14 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
         result.order, result.interrupted = run_rounds(
             states, tuner_of, chosen, trials, slice_trials=slice_trials,
             early_stopping=early_stopping, progress=say)
+    except BaseException:
+        # The rounds were cut short (a scheduler's bad pick, a full disk): every task's run
+        # ends as an interrupted one would, without finalists, and a re-run resumes it.
+        result.interrupted = True
+        raise
     finally:
         if result.interrupted:
-            for tuner in tuners.values():  # stored `interrupted`: a re-run resumes them
+            for tuner in tuners.values():
                 tuner.result.interrupted, tuner.result.stop_reason = True, "interrupted"
         try:
             result.results = _close_all(tuners, len(tasks))
@@ -256,13 +261,11 @@ def run_rounds(states: Sequence[TaskState], tuner_of: Callable[[int], Tunable],
             state, before = states[i], states[i].best_s
             order.append(i)
             tuner = tuner_of(i)
-            taken = tuner.trials_taken
+            taken, failed = tuner.trials_taken, ""
             try:
                 best = tuner.tune(min(slice_trials, trials - spent))
             except SaturationError as err:  # this task's space cannot be built: drop it
-                state.history.append(None)
-                state.done = f"failed: {err}".splitlines()[0]
-                continue
+                best, failed = None, f"failed: {err}".splitlines()[0]
             got = tuner.trials_taken - taken
             spent += got
             state.trials += got
@@ -271,7 +274,7 @@ def run_rounds(states: Sequence[TaskState], tuner_of: Callable[[int], Tunable],
                 return order, True
             improved = best is not None and (before is None or best < before)
             stale[i] = 0 if improved else stale[i] + got
-            state.done = _why_done(tuner, best, stale[i], early_stopping)
+            state.done = failed or _why_done(tuner, best, stale[i], early_stopping)
             rows = table(states)
             say("tasks", {"round": len(order) - 1, "task": state.name, "trials": spent,
                           "of": trials, "rows": rows, "table": format_table(rows)})

@@ -9,6 +9,7 @@ import pytest
 from conftest import LatencyCurve, small_search
 
 from eqsched.db import Database
+from eqsched.egraph.saturate import SaturationError
 from eqsched.explore import Settings, computation_key
 from eqsched.expr import relu
 from eqsched.task_scheduler import GradientScheduler, RoundRobin, SchedulerError, TaskState
@@ -68,6 +69,20 @@ def test_a_task_whose_space_is_all_measured_is_done():
     run_rounds(tasks, lambda i: curves[i], RoundRobin(), 16 * 4, early_stopping=None)
     assert tasks[0].trials == 20 and tasks[0].done == "the space has 20 programs; all measured"
     assert tasks[1].trials == 16 * 4 - 20
+
+
+def test_a_task_whose_space_cannot_be_built_is_dropped_and_the_others_go_on():
+    class Panicking(LatencyCurve):
+        def tune(self, trials):
+            raise SaturationError("egglog panicked: index out of bounds")
+
+    tasks = states(2)
+    curves = [Panicking(flat), LatencyCurve(flat)]
+    events = []
+    order, _ = run_rounds(tasks, lambda i: curves[i], GradientScheduler(), 48,
+                          progress=lambda event, data: events.append(data["task"]))
+    assert tasks[0].done == "failed: egglog panicked: index out of bounds"
+    assert order == [0, 1, 1, 1] and tasks[1].trials == 48 and events == ["t0", "t1", "t1", "t1"]
 
 
 def test_the_budget_is_spent_exactly_and_the_last_slice_is_cut():
