@@ -189,10 +189,10 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         raise ValueError(f"trials must be >= 1, got {trials}")
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
-    tuner = TaskTuner(wl.build(*size), key=(wl.name, list(size)), seconds=seconds, db=db,
-                      seed=seed, cost_model=cost_model, rules=rules, limits=limits, batch=batch,
-                      jobs=jobs, settings=settings, target=target, measure_naive=measure_naive,
-                      progress=progress)
+    tuner = TaskTuner(wl.build(*size), key=(wl.name, list(size)), trials=trials,
+                      seconds=seconds, db=db, seed=seed, cost_model=cost_model, rules=rules,
+                      limits=limits, batch=batch, jobs=jobs, settings=settings, target=target,
+                      measure_naive=measure_naive, progress=progress)
     try:
         tuner.tune(trials)
     finally:
@@ -219,15 +219,18 @@ class TaskTuner:
         result = tuner.close()           # an ExploreResult, as explore returns
 
     `key` is the (workload, size) its measurements are stored under: a registered workload's
-    for `explore`, else `computation_key(computation)`. Stepped in slices, a run proposes the
+    for `explore`, else `computation_key(computation)`. `trials` is the budget the run is
+    recorded with (explore's whole budget, which `batch` compares to skip a job already done);
+    None for a run whose caller decides it slice by slice. Stepped in slices, a run proposes the
     first round of a slice after learning from the last round of the one before (in one call
     that round is searched while the last is measured); given the same slices and database it
     walks the same path, and a re-run measures nothing new. All calls must come from one thread
     (the one that owns the e-graph)."""
 
     def __init__(self, computation: Computation, *, key: tuple[str, list[int]] | None = None,
-                 seconds: float | None = None, db: str | Path | Database = DEFAULT_DB,
-                 seed: int = 0, cost_model: str | CostModel = "learned",
+                 trials: int | None = None, seconds: float | None = None,
+                 db: str | Path | Database = DEFAULT_DB, seed: int = 0,
+                 cost_model: str | CostModel = "learned",
                  rules: RuleSpec = None, limits: Limits | None = None, batch: int = 16,
                  jobs: int = 1, settings: Settings | None = None,
                  target: str | Target | None = None, measure_naive: bool = True,
@@ -264,7 +267,7 @@ class TaskTuner:
         self.measure_naive = measure_naive
         self.result = ExploreResult(
             workload, list(size), seed, self.model.name, [r.name for r in self.rules],
-            {"trials": 0, "seconds": seconds, "batch": batch}, target=settings.target,
+            {"trials": trials, "seconds": seconds, "batch": batch}, target=settings.target,
             db_path=str(getattr(self.database, "path", db)))
         self.run: _Exploration | None = None  # built on the first `tune`
         self.closed = False
@@ -313,7 +316,6 @@ class TaskTuner:
         if self.closed or self.result.interrupted:
             return self.best_s
         self.budget.trials = len(self.result.trials) + trials
-        self.result.budget["trials"] = self.budget.trials
         with self._failing_the_run():
             if self.run is None:
                 self.run = self._start()

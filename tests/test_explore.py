@@ -69,6 +69,8 @@ def test_an_exploration_measures_checks_and_stores_every_trial(explored):
         assert all(r.correct or r.error for r in records)
         (run_row,) = d.runs("matmul", SIZE)
         assert run_row["status"] == "done" and run_row["seed"] == 0
+        # batch compares the recorded budget to skip a job already done
+        assert run_row["budget"] == {"trials": 8, "seconds": None, "batch": 4}
         # What a report needs without re-running anything: the space and the best's standing.
         summary = run_row["summary"]
         assert summary["space"]["programs"] == result.space["programs"] > 1
@@ -148,7 +150,9 @@ def test_a_tuner_stepped_in_slices_saturates_once_and_a_rerun_measures_nothing(t
     assert (result.workload, result.size) == (key[0], list(key[1]))
     with Database(db) as d:
         assert len(d.records(*key)) == result.measured == 8
-        assert d.runs(*key)[0]["status"] == "done"
+        (run_row,) = d.runs(*key)
+        assert run_row["status"] == "done"
+        assert run_row["budget"]["trials"] is None  # decided slice by slice
     again, _, _ = tune_in_slices()
     assert again.measured == 0
     assert [t.program_hash for t in again.trials] == [t.program_hash for t in result.trials]

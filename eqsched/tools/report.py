@@ -284,18 +284,24 @@ def plot_predictions(plt: Any, key: str, exps: list[Exploration], path: Path) ->
 
 
 def space_counts(exps: list[Exploration], cache: Path) -> dict[str, dict[str, int]]:
-    """For each problem: its default space's program count and the count without each rule
-    (cached in `cache`: one saturation per rule)."""
+    """For each problem of a registered workload: its default space's program count and the
+    count without each rule (cached in `cache`: one saturation per rule). A model's task (a
+    computation made at run time, explore.computation_key) cannot be rebuilt here."""
     from ..egraph.space import build_space, rule_contributions
     from ..ir import naive_program
     from ..rules import RULES, default_rules
+    from ..te import WorkloadError
     from ..workloads import get_workload
 
     known = json.loads(cache.read_text()) if cache.exists() else {}
     for key, group in _by_problem(exps).items():
         if key in known:
             continue
-        naive = naive_program(get_workload(group[0].workload).build(*group[0].size))
+        try:
+            workload = get_workload(group[0].workload)
+        except WorkloadError:
+            continue
+        naive = naive_program(workload.build(*group[0].size))
         rules = default_rules()
         counts = {"all rules": build_space(naive, rules).count()}
         counts.update({f"without {name}": n for name, n in rule_contributions(naive, rules).items()
@@ -332,13 +338,18 @@ def plot_space(plt: Any, counts: dict[str, dict[str, int]], path: Path) -> Path:
 
 def numpy_gflops(workload: str, size: list[int], repeats: int = 5) -> float | None:
     """GFLOPS of the workload's numpy baseline (`Workload.numpy_baseline`: buffers allocated
-    once, outside the timing), one BLAS thread when threadpoolctl can limit it."""
+    once, outside the timing), one BLAS thread when threadpoolctl can limit it; None without
+    one (a model's task is no registered workload)."""
     import contextlib
 
     from ..reference import random_inputs
+    from ..te import WorkloadError
     from ..workloads import get_workload
 
-    wl = get_workload(workload)
+    try:
+        wl = get_workload(workload)
+    except WorkloadError:
+        return None
     if wl.numpy_fn is None:
         return None
     comp = wl.build(*size)
@@ -434,8 +445,8 @@ def write_report(db_path: str | Path, out_dir: str | Path, numpy: bool = True,
                      "coloured by round; ρ is the round's Spearman rank correlation. Points on the "
                      "dashed line were predicted exactly; only their order matters to the search.",
                      files))
-    if space:
-        counts = space_counts(exps, out / "space_counts.json")
+    counts = space_counts(exps, out / "space_counts.json") if space else {}
+    if counts:  # none when every problem is a model's task
         sections.append(("Space size per rule", "Programs in each problem's space with the "
                          "default rules (blue) and with one rule left out (orange): the rules "
                          "whose removal shrinks the space most contribute most.",
