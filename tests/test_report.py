@@ -67,6 +67,23 @@ def test_space_counts_are_cached_beside_the_page(page, db, tmp_path):
     assert all(r["x_numpy"] is None for r in report.rows)
 
 
+def test_a_models_task_is_reported_without_numpy_or_space_pages(tmp_path, monkeypatch):
+    # A task is a computation made at run time (no registered workload): nothing rebuilds its
+    # space or has a numpy version of it; its progress and predictions are shown.
+    from eqsched.task_tuning import Task, tune_tasks
+    from eqsched.workloads import get_workload
+
+    small_search(monkeypatch)
+    task = Task("dense", get_workload("matmul").build(8, 16, 16))
+    tune_tasks([task], 4, slice_trials=2, db=tmp_path / "t.db", cost_model="random",
+               rules=["tile", "vectorize"], settings=Settings(repeats=2, warmup=0, threads=1,
+                                                                contended_cores=None, finalists=0))
+    report = write_report(tmp_path / "t.db", tmp_path / "page", numpy=True, space=True)
+    assert sorted(f.stem.split("_")[0] for f in report.files if f.suffix == ".png") == [
+        "predicted", "progress", "standing"]
+    assert [(r["trials"], r["x_numpy"]) for r in report.rows] == [(4, None)]
+
+
 def test_an_empty_or_foreign_database_is_one_line(tmp_path):
     from eqsched.db import Database
 
