@@ -38,6 +38,7 @@ import numpy as np
 
 from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, compile_program
 from .db import Database, Record
+from .explore import computation_key
 from .ir import Block, Loop, Program, naive_program
 from .model.graph import Model
 from .model.op import ModelError, f32
@@ -54,8 +55,8 @@ TOLERANCE = 1e-4
 
 def task_key(comp: Computation) -> tuple[str, list[int]]:
     """The (workload, size) a task's measurements are stored under: its name with its naive
-    program's hash, no size (the scheme of `explore.computation_key`, which task tuning uses)."""
-    return f"{comp.name}@{naive_program(comp).hash()}", []
+    program's hash, no size (`explore.computation_key`, which task tuning stores with)."""
+    return computation_key(comp)
 
 
 def best_record(database: Database, comp: Computation, options: CompileOptions

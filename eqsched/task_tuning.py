@@ -22,7 +22,7 @@ task's finalists are timed again (`TaskTuner.close`) and the table is final. Det
 the seed and the database's measurements: a re-run on the same database measures nothing new and
 makes the same choices.
 
-See docs/ARCHITECTURE.md §16c Task scheduling.
+See docs/ARCHITECTURE.md §21 Task scheduling.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ left), so every scheduler sees the same rules. Pick one by name or pass an objec
 A scheduler is deterministic given its seed: the same states in the same order give the same
 choices. It imports nothing else of eqsched, so it can be tested on synthetic states.
 
-See docs/ARCHITECTURE.md §16c Task scheduling.
+See docs/ARCHITECTURE.md §21 Task scheduling.
 """
 
 from .base import SCHEDULERS, SchedulerError, TaskScheduler, TaskState, get_scheduler, register

@@ -1,7 +1,7 @@
 """The task scheduler interface and registry: `TaskState`, what a scheduler reads of a task;
 `TaskScheduler`, one method to implement; `register` and `get_scheduler`.
 
-See docs/ARCHITECTURE.md §16c Task scheduling.
+See docs/ARCHITECTURE.md §21 Task scheduling.
 """
 
 from __future__ import annotations

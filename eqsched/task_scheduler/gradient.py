@@ -14,7 +14,7 @@ gradient = weight · (alpha · backward + (1 - alpha) · forward); the most nega
 to a seeded random pick. Right after warm-up the forward term is -g for every task, so the first
 choice is the task of the largest weighted latency.
 
-See docs/ARCHITECTURE.md §16c Task scheduling.
+See docs/ARCHITECTURE.md §21 Task scheduling.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Round-robin: every task in turn, the yardstick the gradient rule is compared with.
 
-See docs/ARCHITECTURE.md §16c Task scheduling.
+See docs/ARCHITECTURE.md §21 Task scheduling.
 """
 
 from __future__ import annotations
