@@ -201,3 +201,26 @@ def test_a_rerun_on_the_same_database_measures_nothing_new(tuned, tmp_path, monk
                        settings=FAST)
     assert again.measured == 0
     assert again.order == first.order and again.tasks == first.tasks
+
+
+def test_an_interrupted_run_stores_every_task_interrupted_and_resumes(tmp_path, monkeypatch):
+    small_search(monkeypatch)
+    db = tmp_path / "x.db"
+    tasks = [Task("dense", dense(4, 8, 16)), Task("softmax", get_workload("softmax").build(4, 32))]
+
+    def stop_after_the_first_slice(event, data):
+        if event == "tasks":
+            raise KeyboardInterrupt
+
+    def tune(**kw):
+        return tune_tasks(tasks, 8, slice_trials=4, db=db, cost_model="random", rules=RULES,
+                          settings=FAST, **kw)
+
+    cut = tune(progress=stop_after_the_first_slice)
+    assert cut.interrupted and cut.order == [0] and cut.results[1] is None
+    assert [row["trials"] for row in cut.tasks] == [4, 0]
+    with Database(db) as d:
+        assert d.runs(*computation_key(tasks[0].computation))[0]["status"] == "interrupted"
+    resumed = tune()
+    assert not resumed.interrupted and resumed.measured == 4  # the first slice is looked up
+    assert [len(r.trials) for r in resumed.results] == [4, 4]
