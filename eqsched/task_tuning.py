@@ -171,8 +171,9 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
     """Spend `trials` across `tasks`, `slice_trials` at a time, where `scheduler` (a name of
     `task_scheduler.SCHEDULERS` or an object) says; see the module docstring. Each task's
     exploration takes `seed`, `cost_model`, `rules`, `limits`, `jobs`, `settings` and `target`
-    as `explore` does; `early_stopping`: trials without improvement after which a task is done
-    (None: never)."""
+    as `explore` does (a cost model given by name is made for each task, an object is shared by
+    all); `early_stopping`: trials without improvement after which a task is done (None:
+    never)."""
     if not tasks:
         raise ValueError("no tasks to tune")
     if trials < 1 or slice_trials < 1:
