@@ -335,7 +335,7 @@ class TaskTuner:
             with self._failing_the_run():
                 if self.run is not None:
                     self.run.finish()
-                status = "interrupted" if self.result.interrupted else "done"
+            status = "interrupted" if self.result.interrupted else "done"
         finally:
             self.result.wall_s = time.perf_counter() - self.budget.started
             try:
@@ -452,6 +452,11 @@ class _Exploration:
         # r + 1 is ranked with what rounds up to r - 1 taught the model. The search waits instead
         # when every core already measures; the proposals are the same either way.
         self.overlap = search_beside_measuring(jobs, measurer.settings.options().thread_count)
+        # The measuring threads of one `step`, ended with it (a stepped run waits between
+        # slices with none alive).
+        self.pool: ThreadPoolExecutor | None = None
+        self.measuring: ThreadPoolExecutor | None = None
+        self.stop = threading.Event()
         self.proposed: list[tuple[Candidate, float]] = []  # the round being measured
         self.done: list[Trial] = []  # its trials measured so far
         self.round_index, self.round_started = 0, time.perf_counter()
@@ -617,9 +622,9 @@ class _Exploration:
     def stop_measuring(self) -> None:
         """The round in flight ends after the measurement in progress."""
         self.stop.set()
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-        self.measuring.shutdown(cancel_futures=True)
+        for executor in (self.pool, self.measuring):
+            if executor is not None:
+                executor.shutdown(cancel_futures=True)
 
     def finish_result(self) -> None:
         """The best program, its trace (checked: it rebuilds the measured program) and peak,
