@@ -6,9 +6,9 @@ objective per round is its weight times a blend of two estimates of how its late
 
 - backward: what its last `window` rounds gained, per round (0 until it has that many);
 - forward, optimistic: min(g - g / n, beta · FLOPs / V) - g, where g is its best latency after
-  n rounds (the gain if latency kept falling as 1/n) and V the best FLOP rate of any task of its
-  signature (the same computation at another shape): a task far slower than a similar one is
-  expected to catch up to 1/beta of that rate.
+  n rounds (one more round gains g / n: the less a task was tuned, the more it may gain) and V
+  the best FLOP rate of any task of its signature (the same computation at another shape): a
+  task far slower than a similar one is expected to catch up to 1/beta of that rate.
 
 gradient = weight · (alpha · backward + (1 - alpha) · forward); the most negative wins, ties go
 to a seeded random pick. Right after warm-up the forward term is -g for every task, so the first
