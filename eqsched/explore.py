@@ -68,6 +68,7 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
     from .rules import Spec as RuleSpec
 
 DEFAULT_DB = "eqsched.db"
+POPULATION = EvolutionarySearch.__init__.__kwdefaults__["population"]
 __all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings", "Trial",
            "explore", "search_beside_measuring"]
 
@@ -169,18 +170,21 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             seconds: float | None = None, db: str | Path | Database = DEFAULT_DB, seed: int = 0,
             cost_model: str | CostModel = "learned", rules: RuleSpec = None,
             limits: Limits | None = None,
-            batch: int = 16, jobs: int = 1, settings: Settings | None = None,
+            batch: int = 16, jobs: int = 1, population: int = POPULATION,
+            settings: Settings | None = None,
             target: str | Target | None = None, measure_naive: bool = True,
             progress: Progress | None = None) -> ExploreResult:
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for
     `trials` candidates and/or `seconds` of wall time; see the module docstring. `target`, when
-    given, replaces `settings.target` ("host", "host,-avx512f", "haswell", a Target)."""
+    given, replaces `settings.target` ("host", "host,-avx512f", "haswell", a Target);
+    `population`: the candidates the search evolves each round (docs/ARCHITECTURE.md §9)."""
     from .rules import resolve
 
     budget = _Budget(trials, None if seconds is None else check_seconds(seconds), batch,
                      started=time.perf_counter())
     if trials < 1 or batch < 1 or jobs < 1:
         raise ValueError(f"trials, batch and jobs must be >= 1, got {trials}, {batch}, {jobs}")
+    check_population(population)
     check_seed(seed)
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
@@ -204,7 +208,8 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
         raise
     naive = naive_program(wl.build(*size))
     result = ExploreResult(wl.name, list(size), seed, model.name, [r.name for r in chosen_rules],
-                           {"trials": trials, "seconds": seconds, "batch": batch},
+                           {"trials": trials, "seconds": seconds, "batch": batch,
+                            "population": population},
                            target=settings.target, db_path=str(getattr(database, "path", db)))
     try:
         facts = machine.describe()  # with the measured FMA peak (once per process)
@@ -217,7 +222,8 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             space, result.space = _saturate(naive, chosen_rules, limits,
                                             vector_lanes(options.target.vector_lanes))
             gate = TimingGate()
-            search = _search(space, model, seed, gate, machine_model(options.target).peak_gflops)
+            search = _search(space, model, seed, gate, machine_model(options.target).peak_gflops,
+                             population)
             measurer = Measurer(database, wl.name, list(size), naive, settings, result.run_id,
                                 gate, jobs)
             run = _Exploration(result, model, search, measurer, budget,
@@ -278,8 +284,15 @@ def _saturate(naive: Program, rules: list, limits: Limits | None, lanes: tuple[i
                    "eclasses": rep.eclasses, "programs": space.count()}
 
 
+def check_population(population: Any) -> int:
+    """`population` if the search can evolve it (an integer of at least 2), else ValueError."""
+    if isinstance(population, bool) or not isinstance(population, int) or population < 2:
+        raise ValueError(f"population must be a whole number of at least 2, got {population!r}")
+    return population
+
+
 def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
-            calibrated_peak_gflops: float) -> EvolutionarySearch:
+            calibrated_peak_gflops: float, population: int) -> EvolutionarySearch:
     """The run's search: it waits while a candidate is timed. A first-round population predicted
     at half of one core's peak or better needs no more islands (at all cores' peak the threshold
     went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3). The peak is
@@ -287,7 +300,7 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
     this process: that varies with the load (32 to 169 GFLOPS on one machine), and where it fell
     decided how many islands ran, so which programs a seed proposed (§17.3)."""
     return EvolutionarySearch(
-        space, model, seed=seed, wait_turn=gate.wait_turn,
+        space, model, seed=seed, population=population, wait_turn=gate.wait_turn,
         settled_s=space.naive.computation.flops / (0.5 * calibrated_peak_gflops * 1e9))
 
 
