@@ -146,6 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--rules", help="rule names or +name/-name edits of the default set")
     exp.add_argument("--limits", help="saturation limits, like iterations=20,seconds=10")
     exp.add_argument("--batch", type=int, default=16, help="candidates per round (default 16)")
+    exp.add_argument("--population", type=int,
+                     help="candidates the search evolves each round (default: the search's own; "
+                          "a chain's first round evolves twice as many)")
     exp.add_argument("--jobs", type=int, default=1,
                      help="measure this many candidates at once (default 1: timings are "
                           "cleanest one at a time)")
@@ -458,6 +461,8 @@ def _cmd_explore(args: argparse.Namespace) -> int:
             raise CliError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.threads is not None and args.threads < 1:
         raise CliError(f"--threads must be >= 1, got {args.threads}")
+    if args.population is not None and args.population < 2:
+        raise CliError(f"--population must be >= 2, got {args.population}")
     wl = get_workload(args.workload)
     size = parse_size(args.size, wl) if args.size is not None else wl.default_size
     rules = parse_rules(args.rules)
@@ -471,6 +476,7 @@ def _cmd_explore(args: argparse.Namespace) -> int:
         result = explore(wl.name, size, trials=args.trials, seconds=args.seconds, db=args.db,
                          seed=args.seed, cost_model=args.cost_model, rules=rules,
                          limits=limits, batch=args.batch, jobs=args.jobs,
+                         **({} if args.population is None else {"population": args.population}),
                          settings=settings, progress=_progress_printer(sys.stderr))
     except (DatabaseError, CostModelError, RuleError, ExploreError, TooLargeError) as err:
         raise CliError(str(err)) from None

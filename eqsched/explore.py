@@ -78,6 +78,7 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
     from .rules import Spec as RuleSpec
 
 DEFAULT_DB = "eqsched.db"
+POPULATION = EvolutionarySearch.__init__.__kwdefaults__["population"]
 __all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings",
            "TaskTuner", "Trial", "computation_key", "explore", "search_beside_measuring"]
 
@@ -179,20 +180,23 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
             seconds: float | None = None, db: str | Path | Database = DEFAULT_DB, seed: int = 0,
             cost_model: str | CostModel = "learned", rules: RuleSpec = None,
             limits: Limits | None = None,
-            batch: int = 16, jobs: int = 1, settings: Settings | None = None,
+            batch: int = 16, jobs: int = 1, population: int = POPULATION,
+            settings: Settings | None = None,
             target: str | Target | None = None, measure_naive: bool = True,
             progress: Progress | None = None) -> ExploreResult:
     """Explore the schedule space of `workload` at `size` (default: the workload's default) for
     `trials` candidates and/or `seconds` of wall time; see the module docstring. `target`, when
-    given, replaces `settings.target` ("host", "host,-avx512f", "haswell", a Target)."""
+    given, replaces `settings.target` ("host", "host,-avx512f", "haswell", a Target);
+    `population`: the candidates the search evolves each round (docs/ARCHITECTURE.md §9)."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
     wl = get_workload(workload)
     size = wl.check_size(tuple(size)) if size is not None else wl.default_size
     tuner = TaskTuner(wl.build(*size), key=(wl.name, list(size)), trials=trials,
                       seconds=seconds, db=db, seed=seed, cost_model=cost_model, rules=rules,
-                      limits=limits, batch=batch, jobs=jobs, settings=settings, target=target,
-                      measure_naive=measure_naive, progress=progress)
+                      limits=limits, batch=batch, jobs=jobs, population=population,
+                      settings=settings, target=target, measure_naive=measure_naive,
+                      progress=progress)
     try:
         tuner.tune(trials)
     finally:
@@ -232,7 +236,7 @@ class TaskTuner:
                  db: str | Path | Database = DEFAULT_DB, seed: int = 0,
                  cost_model: str | CostModel = "learned",
                  rules: RuleSpec = None, limits: Limits | None = None, batch: int = 16,
-                 jobs: int = 1, settings: Settings | None = None,
+                 jobs: int = 1, population: int = POPULATION, settings: Settings | None = None,
                  target: str | Target | None = None, measure_naive: bool = True,
                  progress: Progress | None = None):
         from .rules import resolve
@@ -241,6 +245,7 @@ class TaskTuner:
                               started=time.perf_counter())
         if batch < 1 or jobs < 1:
             raise ValueError(f"batch and jobs must be >= 1, got {batch}, {jobs}")
+        self.population = check_population(population)
         check_seed(seed)
         workload, size = key if key is not None else computation_key(computation)
         settings = settings or Settings()
@@ -267,7 +272,8 @@ class TaskTuner:
         self.measure_naive = measure_naive
         self.result = ExploreResult(
             workload, list(size), seed, self.model.name, [r.name for r in self.rules],
-            {"trials": trials, "seconds": seconds, "batch": batch}, target=settings.target,
+            {"trials": trials, "seconds": seconds, "batch": batch, "population": population},
+            target=settings.target,
             db_path=str(getattr(self.database, "path", db)))
         self.run: _Exploration | None = None  # built on the first `tune`
         self.closed = False
@@ -352,7 +358,7 @@ class TaskTuner:
                                              vector_lanes(self.options.target.vector_lanes))
         gate = TimingGate()
         search = _search(space, self.model, self.seed, gate,
-                         machine_model(self.options.target).peak_gflops)
+                         machine_model(self.options.target).peak_gflops, self.population)
         measurer = Measurer(self.database, self.result.workload, self.result.size, self.naive,
                             self.settings, self.result.run_id, gate, self.jobs)
         run = _Exploration(self.result, self.model, search, measurer, self.budget,
@@ -413,8 +419,15 @@ def _saturate(naive: Program, rules: list, limits: Limits | None, lanes: tuple[i
                    "eclasses": rep.eclasses, "programs": space.count()}
 
 
+def check_population(population: Any) -> int:
+    """`population` if the search can evolve it (an integer of at least 2), else ValueError."""
+    if isinstance(population, bool) or not isinstance(population, int) or population < 2:
+        raise ValueError(f"population must be a whole number of at least 2, got {population!r}")
+    return population
+
+
 def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
-            calibrated_peak_gflops: float) -> EvolutionarySearch:
+            calibrated_peak_gflops: float, population: int) -> EvolutionarySearch:
     """The run's search: it waits while a candidate is timed. A first-round population predicted
     at half of one core's peak or better needs no more islands (at all cores' peak the threshold
     went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3). The peak is
@@ -422,7 +435,7 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
     this process: that varies with the load (32 to 169 GFLOPS on one machine), and where it fell
     decided how many islands ran, so which programs a seed proposed (§17.3)."""
     return EvolutionarySearch(
-        space, model, seed=seed, wait_turn=gate.wait_turn,
+        space, model, seed=seed, population=population, wait_turn=gate.wait_turn,
         settled_s=space.naive.computation.flops / (0.5 * calibrated_peak_gflops * 1e9))
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .backend import Target
 from .db import Database
 from .egraph.saturate import Limits, SaturationError
-from .explore import DEFAULT_DB, ExploreResult, Progress, TaskTuner
+from .explore import DEFAULT_DB, POPULATION, ExploreResult, Progress, TaskTuner
 from .expr import to_str
 from .extract import CostModel
 from .task_scheduler import SchedulerError, TaskScheduler, TaskState, get_scheduler
@@ -165,9 +165,9 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
                scheduler: str | TaskScheduler = "gradient", slice_trials: int = 16,
                early_stopping: int | None = 64, db: str | Path | Database = DEFAULT_DB,
                seed: int = 0, cost_model: str | CostModel = "learned", rules: RuleSpec = None,
-               limits: Limits | None = None, jobs: int = 1, settings: Settings | None = None,
-               target: str | Target | None = None, progress: Progress | None = None
-               ) -> TaskTuningResult:
+               limits: Limits | None = None, jobs: int = 1, population: int = POPULATION,
+               settings: Settings | None = None, target: str | Target | None = None,
+               progress: Progress | None = None) -> TaskTuningResult:
     """Spend `trials` across `tasks`, `slice_trials` at a time, where `scheduler` (a name of
     `task_scheduler.SCHEDULERS` or an object) says; see the module docstring. Each task's
     exploration takes `seed`, `cost_model`, `rules`, `limits`, `jobs`, `settings` and `target`
@@ -194,7 +194,8 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
             name = tasks[i].name
             tuners[i] = TaskTuner(
                 tasks[i].computation, db=database, seed=seed, cost_model=cost_model,
-                rules=rules, limits=limits, batch=slice_trials, jobs=jobs, settings=settings,
+                rules=rules, limits=limits, batch=slice_trials, jobs=jobs,
+                population=population, settings=settings,
                 target=target, measure_naive=False,
                 progress=lambda event, data: say(event, {**data, "task": name}))
         return tuners[i]

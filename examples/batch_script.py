@@ -27,7 +27,7 @@ def main() -> None:
     if args.small:
         # The dict a TOML suite parses to: lists are crossed (2 sizes x 2 cost models).
         suite = Suite.from_dict({
-            "defaults": {"trials": 2, "batch": 2, "threads": 1, "repeats": 2},
+            "defaults": {"trials": 2, "batch": 2, "population": 16, "threads": 1, "repeats": 2},
             "explore": [{"workload": "matmul", "sizes": [[16, 16, 16], "small"],
                          "cost_model": ["analytic", "random"]}],
         })

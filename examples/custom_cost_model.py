@@ -55,11 +55,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     size = get_workload("matmul").small_size if args.small else (256, 256, 256)
     settings = Settings(repeats=3 if args.small else 5, threads=1)
+    search = {"population": 16} if args.small else {}  # a small run's small search
 
     for model in ("scalar-work", "analytic"):  # a registered name, or pass ScalarWork() itself
         # A database per model, so that neither run reuses the other's measurements.
         result = explore("matmul", size, trials=8 if args.small else 24, batch=4 if args.small
-                         else 8, db=out / f"{model}.db", cost_model=model, settings=settings)
+                         else 8, db=out / f"{model}.db", cost_model=model, settings=settings,
+                         **search)
         rhos = " ".join("n/a" if r.spearman is None else f"{r.spearman:+.2f}"
                         for r in result.rounds)
         print(f"{model:>12}: best {result.best.gflops:7.2f} GFLOPS; Spearman per round: {rhos}")

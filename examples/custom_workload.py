@@ -60,7 +60,8 @@ def main() -> None:
     print(naive_program(comp).text())
 
     result = explore("dense_relu", size, trials=4 if args.small else 24, db=out / "eqsched.db",
-                     settings=Settings(repeats=3, threads=1))
+                     settings=Settings(repeats=3, threads=1),
+                     **({"population": 16} if args.small else {}))  # a small run's small search
     print(f"best: {result.best.gflops:.2f} GFLOPS; its schedule:")
     for step in result.best_trace:
         print(f"  {step['op']}({step['args']})")

@@ -18,6 +18,7 @@ TINY = """
 [defaults]
 trials = 2
 batch = 2
+population = 16
 threads = 1
 repeats = 2
 cost_model = "analytic"
@@ -59,6 +60,7 @@ seed = [0, 1]
     ('[[explore]]\nworkload = "matmul"\nsizes = [[8, 8]]', "takes 3 sizes"),
     ('[[explore]]\nworkload = "matmul"\ntrails = 3', "unknown key 'trails'"),
     ('[[explore]]\nworkload = "matmul"\ntrials = "many"', "trials = 'many' has the wrong type"),
+    ('[[explore]]\nworkload = "matmul"\npopulation = 1', "population must be a whole number"),
     ('[[explore]]\nworkload = "matmul"\ncost_model = "oracle"', "unknown cost model 'oracle'"),
     ('[[explore]]\nworkload = "matmul"\nrules = "-nosuchrule"', "unknown rule"),
     ('[defaults]\ntrials = 3', "no [[explore]] entries"),

@@ -14,6 +14,8 @@ from test_cli import ENV, assert_one_line_error
 
 from eqsched.db import Database
 
+SEARCH = ("--population", "16")  # these tests are about the command, not the search
+
 
 def explore_cmd(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eqsched", "explore", *args],
@@ -22,7 +24,7 @@ def explore_cmd(*args: str, cwd=None) -> subprocess.CompletedProcess:
 
 def test_json_report_and_a_trace_that_eqsched_run_replays(tmp_path):
     db, trace = tmp_path / "x.db", tmp_path / "best.json"
-    proc = explore_cmd("matmul", "--size", "16,32,8", "--trials", "4", "--batch", "4",
+    proc = explore_cmd("matmul", "--size", "16,32,8", "--trials", "4", "--batch", "4", *SEARCH,
                        "--db", str(db), "--cost-model", "random", "--repeats", "2",
                        "--threads", "1", "--save-trace", str(trace), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -39,7 +41,7 @@ def test_json_report_and_a_trace_that_eqsched_run_replays(tmp_path):
                             capture_output=True, text=True, env=ENV, timeout=300)
     assert replay.returncode == 0, replay.stderr
     assert json.loads(replay.stdout)["program_hash"] == out["best_hash"]
-    again = explore_cmd("matmul", "--size", "16,32,8", "--trials", "4", "--batch", "4",
+    again = explore_cmd("matmul", "--size", "16,32,8", "--trials", "4", "--batch", "4", *SEARCH,
                         "--db", str(db), "--cost-model", "random", "--repeats", "2",
                         "--threads", "1", "--json")
     assert json.loads(again.stdout)["measured"] == 0
@@ -53,7 +55,7 @@ def test_a_corrupt_database_is_one_line(tmp_path):
 
 
 def test_an_unknown_cost_model_is_one_line(tmp_path):
-    proc = explore_cmd("matmul", "--size", "16,32,8", "--db", str(tmp_path / "x.db"),
+    proc = explore_cmd("matmul", "--size", "16,32,8", "--db", str(tmp_path / "x.db"), *SEARCH,
                        "--cost-model", "oracle")
     assert_one_line_error(proc, "unknown cost model 'oracle'")
 
@@ -65,7 +67,7 @@ def test_a_bad_budget_is_one_line(tmp_path):
 
 def test_the_target_is_reported_and_stored(tmp_path):
     db = tmp_path / "x.db"
-    proc = explore_cmd("matmul", "--size", "16,32,8", "--trials", "2", "--batch", "2",
+    proc = explore_cmd("matmul", "--size", "16,32,8", "--trials", "2", "--batch", "2", *SEARCH,
                        "--db", str(db), "--cost-model", "random", "--repeats", "1",
                        "--threads", "1", "--target", "haswell", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -75,7 +77,7 @@ def test_the_target_is_reported_and_stored(tmp_path):
 
 
 SMALL = ("matmul", "--size", "16,16,16", "--batch", "4", "--cost-model", "random", "--repeats",
-         "2", "--threads", "1")
+         "2", "--threads", "1", *SEARCH)
 
 
 def test_a_rerun_after_a_run_that_timed_out_everything_finds_the_correct_program(tmp_path):
@@ -152,6 +154,7 @@ def test_a_trace_file_that_could_not_be_written_is_refused_before_exploring(tmp_
     ("--seconds", "0", "seconds must be more than 0 and finite, got '0'"),
     ("--seconds", "nan", "got 'nan'"),
     ("--seed", "-1", "seed must be from 0 to 2**63 - 1, got -1"),
+    ("--population", "1", "--population must be >= 2, got 1"),
     ("--rules", ",", "names no rule"),
     ("--limits", "iterations=0", "iterations must be an integer >= 1"),
     ("--save-trace", "", "no file name given for the trace"),

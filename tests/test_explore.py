@@ -299,6 +299,9 @@ def test_bad_arguments_are_refused(tmp_path):
             explore("matmul", SIZE, seconds=seconds, db=tmp_path / "x.db")
     with pytest.raises(ValueError, match="seed must be from 0"):
         explore("matmul", SIZE, seed=-1, db=tmp_path / "x.db")
+    for population in (1, 2.5, True):
+        with pytest.raises(ValueError, match="population must be a whole number of at least 2"):
+            explore("matmul", SIZE, population=population, db=tmp_path / "x.db")
     assert not (tmp_path / "x.db").exists()  # refused before the database was opened
     assert check_seconds(2) == 2.0
 

@@ -16,7 +16,8 @@ override keys. A key given a list is crossed with the others:
     sizes = [[128, 128, 128], [256, 256, 256]]
     cost_model = ["analytic", "random"]        # 2 sizes x 2 models = 4 explorations
 
-Keys: trials, seconds, seed, batch, threads, repeats, rules (a spec like "-pack"), cost_model,
+Keys: trials, seconds, seed, batch, population (the search's; default its own), threads,
+repeats, rules (a spec like "-pack"), cost_model,
 target (like "host,-avx512f"; `--target` sets it for a suite that does not), max_memory (the
 measuring worker's memory cap, like "8G" or "50%"; `--max-memory` sets it for a suite that does
 not; it does not tell two runs apart). A target LLVM does
@@ -61,9 +62,10 @@ from ..args import MEMORY_HELP, TARGET_HELP, CliError, max_memory_arg, max_memor
 from ..backend.target import HOST
 
 CONFIG_KEYS = {"trials": int, "seconds": (int, float), "seed": int, "batch": int,
-               "threads": int, "repeats": int, "rules": str, "cost_model": str, "target": str,
-               "max_memory": (int, str)}
-DEFAULTS = {"trials": 64, "seconds": None, "seed": 0, "batch": 16, "threads": None,
+               "population": int, "threads": int, "repeats": int, "rules": str,
+               "cost_model": str, "target": str, "max_memory": (int, str)}
+DEFAULTS = {"trials": 64, "seconds": None, "seed": 0, "batch": 16, "population": None,
+            "threads": None,
             "repeats": 10, "rules": None, "cost_model": "learned", "target": "host",
             "max_memory": None}
 
@@ -192,7 +194,7 @@ def _size(wl: Any, spec: Any, at: str) -> tuple[int, ...]:
 
 def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
     from ..backend import Target, TargetError
-    from ..explore import check_seconds
+    from ..explore import check_population, check_seconds
     from ..extract import COST_MODELS
     from ..rules import resolve
     from ..trials import check_seed
@@ -213,6 +215,8 @@ def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
                     check_seed(v)
                 elif key == "seconds":
                     check_seconds(v)
+                elif key == "population":
+                    check_population(v)
             except ValueError as e:
                 raise BatchError(f"{at}: {e}") from None
             if kind is int and key != "seed" and v < 1:
@@ -250,6 +254,7 @@ def _config(table: dict[str, Any], at: str) -> dict[str, Any]:
 def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
     """The summary of a finished run of exactly this job in the database, if there is one."""
     from ..db import Database
+    from ..explore import POPULATION
     from ..rules import resolve
     from ..trials import Settings
 
@@ -260,7 +265,8 @@ def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
     # finished under another cap is this job's.
     settings = asdict(Settings(repeats=c["repeats"], threads=c["threads"], target=c["target"]))
     settings.pop("max_memory")
-    budget = {"trials": c["trials"], "seconds": c["seconds"], "batch": c["batch"]}
+    budget = {"trials": c["trials"], "seconds": c["seconds"], "batch": c["batch"],
+              "population": c["population"] or POPULATION}
     rules = [r.name for r in resolve(c["rules"])]
     with Database(db_path, readonly=True) as db:
         for run in db.runs(job.workload, list(job.size)):
@@ -285,12 +291,13 @@ def explore_job(job: Job, db_path: str) -> dict[str, Any]:
     returns its summary row. Never raises for a failed exploration: the error is the row's."""
     c = job.settings()
     try:
-        from ..explore import explore  # a second or more: Ctrl-C may come meanwhile
+        from ..explore import POPULATION, explore  # a second or more: Ctrl-C may come meanwhile
         from ..trials import Settings
 
         result = explore(job.workload, job.size, trials=c["trials"], seconds=c["seconds"],
                          db=db_path, seed=c["seed"], cost_model=c["cost_model"],
                          rules=c["rules"], batch=c["batch"],
+                         population=c["population"] or POPULATION,
                          settings=Settings(repeats=c["repeats"], threads=c["threads"],
                                            target=c["target"], max_memory=c["max_memory"]))
     except KeyboardInterrupt:
