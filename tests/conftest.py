@@ -3,7 +3,6 @@
 explore's search cheap for tests about what surrounds it, and `LatencyCurve`, a synthetic task
 for the task-tuning loop and its schedulers."""
 
-import functools
 import signal
 from contextlib import contextmanager
 
@@ -21,10 +20,13 @@ def small_search(monkeypatch: pytest.MonkeyPatch) -> None:
     (tests/test_search.py tests the search). Spaces no larger than the default search would
     rank whole are still ranked whole."""
     default = EvolutionarySearch.__init__.__kwdefaults__
-    whole = default["population"] * (1 + default["max_generations"])
-    monkeypatch.setattr(explore_module, "EvolutionarySearch", functools.partial(
-        EvolutionarySearch, population=48, first_population=48, survivors=12, first_islands=1,
-        whole_space=whole))
+    small = {"population": 48, "first_population": 48, "survivors": 12, "first_islands": 1,
+             "whole_space": default["population"] * (1 + default["max_generations"])}
+
+    def small_evolutionary_search(*args, **kwargs) -> EvolutionarySearch:
+        return EvolutionarySearch(*args, **{**kwargs, **small})  # over the run's population
+
+    monkeypatch.setattr(explore_module, "EvolutionarySearch", small_evolutionary_search)
 
 
 @pytest.fixture
