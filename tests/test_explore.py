@@ -70,7 +70,7 @@ def test_an_exploration_measures_checks_and_stores_every_trial(explored):
         (run_row,) = d.runs("matmul", SIZE)
         assert run_row["status"] == "done" and run_row["seed"] == 0
         # batch compares the recorded budget to skip a job already done
-        assert run_row["budget"] == {"trials": 8, "seconds": None, "batch": 4}
+        assert run_row["budget"] == {"trials": 8, "seconds": None, "batch": 4, "population": 192}
         # What a report needs without re-running anything: the space and the best's standing.
         summary = run_row["summary"]
         assert summary["space"]["programs"] == result.space["programs"] > 1
