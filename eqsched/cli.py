@@ -59,7 +59,7 @@ from .machine_model import CalibrationError, cache_path, machine_model, recalibr
 from .runner import DEFAULT_TIMEOUT_S, Measurement, TooLargeError, check_fits_in_memory, measure
 from .schedule import Schedule, ScheduleError, load_trace
 from .te import WorkloadError
-from .tools import batch, compare, distribution, experiment, ranking, report, rulekit
+from .tools import batch, compare, distribution, experiment, ranking, report, rulekit, tune_model
 from .workloads import Workload, get_workload, list_workloads
 
 EXIT_WRONG_RESULT = 1
@@ -585,7 +585,7 @@ COMMANDS = {"workloads": _cmd_workloads, "run": _cmd_run, "machine": _cmd_machin
             "space": _cmd_space, "explore": _cmd_explore, "runs": _cmd_runs}
 # Research tools keep their subcommand beside their code: each module's `add_parser(sub)` adds
 # one subparser whose `run` default takes the parsed arguments and returns the exit status.
-TOOLS = (batch, report, rulekit)
+TOOLS = (batch, report, rulekit, tune_model)
 EXPERIMENTS = (compare, distribution, ranking)  # under `eqsched experiment`
 
 
