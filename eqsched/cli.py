@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"seconds for compile, check and timing (default {DEFAULT_TIMEOUT_S:g})")
     run.add_argument("--max-memory", type=max_memory_arg, help=MEMORY_HELP)
     run.add_argument("--target", default="host", help=TARGET_HELP)
+    run.add_argument("--threads", type=int,
+                     help="threads for parallel loops (default: every core; 1 for a one-core "
+                          "result)")
     run.add_argument("--json", action="store_true",
                      help="print one JSON object on stdout (progress goes to stderr)")
     run.add_argument("--no-print", action="store_true", help="do not print the program")
@@ -274,6 +277,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise CliError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and "
                        f"{args.warmup}")
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads must be >= 1, got {args.threads}")
     target = parse_target(args.target)
     wl, size, program, steps = _build(args)
     try:
@@ -285,7 +290,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"eqsched: measuring {wl.name} {','.join(map(str, size))} for target {target} ...",
           file=sys.stderr)
     m = measure(program, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
-                seed=args.seed, options=CompileOptions(target=target),
+                seed=args.seed, options=CompileOptions(threads=args.threads, target=target),
                 max_memory=args.max_memory)
     if m.error is not None:
         hint = (" (raise --timeout or lower --repeats)" if m.error.startswith("timed out") else

@@ -147,6 +147,14 @@ def test_a_trace_for_another_workload_is_refused(matmul_trace):
 def test_usage_mistakes_are_one_line_errors_too():
     assert_one_line_error(eqsched_cmd("run"), "required: workload")
     assert_one_line_error(eqsched_cmd("run", "matmul", "--repeats", "0"), "--repeats")
+    assert_one_line_error(eqsched_cmd("run", "matmul", "--threads", "0"), "--threads must be")
+
+
+def test_run_times_on_the_threads_it_is_given():
+    proc = eqsched_cmd("run", "matmul", "--size", "32,32,16", "--repeats", "1", "--json",
+                       "--no-print", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["backend"]["threads"] == 1
 
 
 def test_run_compiles_for_the_target_it_is_given():
