@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .backend import Target
 from .db import Database
 from .egraph.saturate import Limits, SaturationError
-from .explore import DEFAULT_DB, POPULATION, ExploreResult, Progress, TaskTuner
+from .explore import DEFAULT_DB, POPULATION, ExploreResult, Progress, TaskTuner, check_population
 from .expr import to_str
 from .extract import CostModel
 from .task_scheduler import SchedulerError, TaskScheduler, TaskState, get_scheduler
@@ -180,6 +180,7 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
         raise ValueError(f"trials and slice_trials must be >= 1, got {trials}, {slice_trials}")
     if early_stopping is not None and early_stopping < 1:
         raise ValueError(f"early_stopping must be >= 1 or None, got {early_stopping}")
+    check_population(population)  # before the database is opened
     check_seed(seed)
     chosen = get_scheduler(scheduler, seed)
     say = progress or (lambda event, data: None)

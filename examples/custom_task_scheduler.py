@@ -75,12 +75,13 @@ def main() -> None:
     settings = Settings(repeats=3, threads=1, finalists=0 if args.small else 4)
     trials, slice_trials = (8, 2) if args.small else (96, 8)
     rules = ["tile", "vectorize", "parallel"] if args.small else None
+    search = {"population": 16} if args.small else {}  # a small run's small search
 
     for scheduler in ("heaviest-first", "gradient"):  # or HeaviestFirst(), or "round-robin"
         # A database per scheduler, so that none reuses another's measurements.
         result = tune_tasks(tasks, trials, scheduler=scheduler, slice_trials=slice_trials,
                             db=out / f"{scheduler}.db", cost_model="analytic", rules=rules,
-                            settings=settings)
+                            **search, settings=settings)
         print(f"{scheduler}: tasks in order {result.order}")
         print(format_table(result.tasks))
         print(f"objective: {result.objective_s * 1e6:.2f} us\n")

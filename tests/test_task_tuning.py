@@ -136,11 +136,15 @@ def test_similar_tasks_are_one_computation_at_other_shapes():
         == signature(get_workload("softmax").build(128, 768))
 
 
-def test_a_task_needs_a_name_and_a_positive_weight():
+def test_a_task_needs_a_name_and_a_positive_weight_and_bad_settings_open_no_database(tmp_path):
     with pytest.raises(ValueError, match="weight must be more than 0"):
         Task("dense", dense(4, 8, 16), weight=0)
     with pytest.raises(ValueError, match="no tasks"):
         tune_tasks([], 16)
+    for bad in ({"population": 1}, {"seed": -1}, {"scheduler": "fastest"}):
+        with pytest.raises(ValueError):
+            tune_tasks([Task("dense", dense(4, 8, 16))], 16, db=tmp_path / "x.db", **bad)
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_two_computations_of_one_name_are_kept_apart():
