@@ -30,14 +30,13 @@ PACKAGES = {"eqsched": ROOT / "eqsched", "eqsched.rules": ROOT / "rules",
 # The command line and the tools sit on top: only they may import eqsched.cli or eqsched.tools.
 TOP = ("eqsched.cli", "eqsched.tools")
 POINTER = re.compile(r"See docs/ARCHITECTURE\.md (§.+)\.")
-# A section added between two others until the document is renumbered carries a letter (16b).
-CITATION = re.compile(r"ARCHITECTURE\.md[\s#]*§(\d+[a-z]?(?:\.\d+)?)")
+CITATION = re.compile(r"ARCHITECTURE\.md[\s#]*§(\d+(?:\.\d+)?)")
 
 
 def _sections() -> dict[str, str]:
     """Section number -> title, from the document's `## N. Title` and `### N.M Title` headings."""
     text = DOC.read_text(encoding="utf-8")
-    return dict(re.findall(r"^#{2,3} (\d+[a-z]?(?:\.\d+)?)\.? +(.+?) *$", text, re.M))
+    return dict(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? +(.+?) *$", text, re.M))
 
 
 def _modules() -> dict[str, Path]:
