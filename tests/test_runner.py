@@ -206,13 +206,15 @@ def idle_machine():
 def test_on_an_idle_machine_a_timing_sees_no_other_process(idle_machine):
     # The worker's threads (a parallel program's helpers) are its own; so is the caller: a
     # thread of this process spinning beside the timing is the caller's work, not another
-    # process's, and reported as such.
+    # process's, and reported as such. The machine was idle when the test began, but the
+    # suite's other worker may start a test meanwhile: of three timings, one must see no other
+    # process (counting its own threads as others, every one would).
     sch = Schedule(naive_program(get_workload("matmul").build(256, 256, 256)))
     sch.parallel("C.i")
-    two_threads = measure(sch.program, repeats=10, contended_cores=0.5, retimes=0,
-                          options=CompileOptions(threads=2))
-    assert two_threads.correct is True
-    assert two_threads.others_cores < 0.35 and two_threads.caller_cores < 0.2
+    two_threads = [measure(sch.program, repeats=10, contended_cores=0.5, retimes=0,
+                           options=CompileOptions(threads=2)) for _ in range(3)]
+    assert all(m.correct for m in two_threads)
+    assert any(m.others_cores < 0.35 and m.caller_cores < 0.2 for m in two_threads)
     stop = threading.Event()
 
     def spin():
@@ -222,12 +224,13 @@ def test_on_an_idle_machine_a_timing_sees_no_other_process(idle_machine):
     spinner = threading.Thread(target=spin)
     spinner.start()
     try:
-        beside_the_caller = measure(naive_program(get_workload("matmul").build(16, 24, 8)),
-                                    repeats=3, contended_cores=0.5, retimes=0)
+        beside_the_caller = [measure(naive_program(get_workload("matmul").build(16, 24, 8)),
+                                     repeats=3, contended_cores=0.5, retimes=0)
+                             for _ in range(3)]
     finally:
         stop.set()
         spinner.join()
-    assert beside_the_caller.others_cores < 0.35 and beside_the_caller.caller_cores >= 0.5
+    assert any(m.others_cores < 0.35 and m.caller_cores >= 0.5 for m in beside_the_caller)
 
 
 def test_a_busy_process_beside_the_timing_is_seen_and_the_timing_taken_again(matmul):
