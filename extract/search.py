@@ -245,12 +245,31 @@ class EvolutionarySearch:
                     sized[group] = self._resize(group, opts)
             sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
         else:
-            return None
+            # Random re-sizes stay over the limit when several statements unroll (a fused
+            # epilogue's nests each add their copies): size each unrolled group to its fewest.
+            for group, opts in options:
+                if group in unrolled:
+                    sized[group] = self._fewest_copies(group, opts, chains)
+            sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
+            if _term_unrolled(chains, sizes) > self.max_unrolled:
+                return None
         prog = self.program_of(term, sizes)
         if prog is None or unrolled_copies(prog) > self.max_unrolled:
             return None
         return Candidate(term, dict(sorted(sizes.items())), prog, used, sized, self.space.naive,
                          tuple((tuple(slots), frozenset(groups)) for slots, groups in statements))
+
+    def _fewest_copies(self, group: str, options: list[dict[str, int]],
+                       chains: list[tuple[tuple[str, str], ...]]) -> dict[str, int]:
+        """One of the group's options whose unrolled pieces (in `chains`) multiply to the
+        fewest copies."""
+        paths = {p for chain in chains for g, p in chain if g == group}
+
+        def copies(option: dict[str, int]) -> int:
+            return math.prod(option[p] for p in paths)
+
+        fewest = min(copies(o) for o in options)
+        return self.rng.choice([o for o in options if copies(o) == fewest])
 
     def _resize(self, group: str, options: list[dict[str, int]]) -> dict[str, int]:
         """A size assignment for the group: with chance PERFECT_SHARE among its exact

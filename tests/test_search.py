@@ -229,6 +229,17 @@ def test_a_candidate_carries_its_trace_derived_once(space, monkeypatch):
     assert Schedule.replay(space.naive, cand.trace).program.hash() == cand.hash
 
 
+def test_a_draw_over_the_unrolling_limit_is_sized_to_its_fewest_copies(space):
+    # Random re-sizes rarely get under a tight limit (a ResNet block's conv task, whose four
+    # statements all unroll, had no buildable draw under 128 copies and was never tuned); each
+    # unrolled group then takes the sizes with the fewest copies. Without that: 0 of 10 here.
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=0, max_unrolled=4,
+                                max_attempts=2)
+    drawn = [c for c in (search.random_candidate() for _ in range(10)) if c is not None]
+    assert len(drawn) >= 5
+    assert all(unrolled_copies(c.program) <= 4 for c in drawn)
+
+
 def test_no_proposal_unrolls_more_copies_than_the_limit(space):
     search = EvolutionarySearch(space, get_cost_model("random", seed=1), seed=5, population=24,
                                 generations=2, max_unrolled=8)
