@@ -220,20 +220,7 @@ class CompiledModel:
         return {o: self._output(o, inputs) for o in self.model.outputs}
 
     def _bind(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        unknown = sorted(set(inputs) - set(self.model.inputs))
-        if unknown:
-            raise ModelError(f"{self.model.name}: unknown inputs {unknown} (inputs: "
-                             f"{list(self.model.inputs)})")
-        bound = {}
-        for name, shape in self.model.inputs.items():
-            if name not in inputs:
-                raise ModelError(f"{self.model.name}: input {name!r} is missing")
-            array = f32(inputs[name])
-            if array.shape != shape:
-                raise ModelError(f"{self.model.name}: input {name!r} has shape {array.shape}, "
-                                 f"expected {shape}")
-            bound[name] = array.reshape(-1)
-        return bound
+        return {k: a.reshape(-1) for k, a in self.model.checked_inputs(inputs).items()}
 
     def _run(self, bound: Mapping[str, np.ndarray]) -> None:
         for call in self._calls:

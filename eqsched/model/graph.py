@@ -68,10 +68,10 @@ class Model:
     def consumers(self, value: str) -> list[Node]:
         return [n for n in self.nodes if value in n.inputs]
 
-    def evaluate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The outputs for `inputs` (name -> array of the input's shape), computed with numpy
-        in float32, node by node."""
-        env: dict[str, np.ndarray] = dict(self.weights)
+    def checked_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`inputs` as float32 arrays, each of its input's shape; ModelError names an input
+        that is missing, of another shape, or not the model's."""
+        checked = {}
         for name, shape in self.inputs.items():
             if name not in inputs:
                 raise ModelError(f"{self.name}: input {name!r} is missing")
@@ -79,11 +79,17 @@ class Model:
             if array.shape != shape:
                 raise ModelError(f"{self.name}: input {name!r} has shape {array.shape}, "
                                  f"expected {shape}")
-            env[name] = array
+            checked[name] = array
         unknown = sorted(set(inputs) - set(self.inputs))
         if unknown:
             raise ModelError(f"{self.name}: unknown inputs {unknown} (inputs: "
                              f"{list(self.inputs)})")
+        return checked
+
+    def evaluate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs for `inputs` (name -> array of the input's shape), computed with numpy
+        in float32, node by node."""
+        env: dict[str, np.ndarray] = {**self.weights, **self.checked_inputs(inputs)}
         for n in self.nodes:
             env[n.name] = n.op.evaluate(*(env[i] for i in n.inputs))
         return {o: env[o] for o in self.outputs}
