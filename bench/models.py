@@ -3,7 +3,8 @@ numpy's own evaluation of the graph and onnxruntime's, one thread and two, in on
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/models.py --trials 1000
     ... --only mlp --trials 64 --threads 1
-    ... --schedulers --only bert_layer --budgets 200 500 1000   # gradient vs round-robin
+    ... --schedulers --only bert_layer --budgets 200 500 1000 --keep kept/  # the schedulers
+    ... --retime kept/ --only bert_layer
 
 Per model and thread count, the model is tuned into a fresh database with that many threads
 (a one-thread program has no parallel loop to use a second core), then the compiled model,
@@ -12,9 +13,12 @@ model's ONNX export (`intra_op_num_threads` = threads) are timed alternately, so
 the same machine noise; each figure is a median. Bar (issue 15): the BERT layer and the ResNet
 block at >= 1.0x onnxruntime's speed on one thread with at most 1,000 trials in all.
 
-`--schedulers` instead tunes one model with each task scheduler and prints the end-to-end
-latency after each budget (one database per scheduler, grown budget after budget: a larger
-budget re-uses what the smaller one measured).
+`--schedulers` instead tunes one model with each task scheduler, budget after budget (one
+database per scheduler: a larger budget re-uses what the smaller one measured), keeps a copy of
+the database after each budget, and then times the model compiled from every copy alternately,
+beside onnxruntime, so all the latencies after 200, 500 and 1,000 trials share one machine's
+noise. `--keep DIR` keeps the copies; `--retime DIR` only times them again (tuning is long, and
+the timing wants a quiet machine).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -81,23 +86,60 @@ def part_model(name: str, threads: int, trials: int, seed: int, repeats: int) ->
             "tasks": tuned.tasks}
 
 
-def part_schedulers(name: str, budgets: list[int], seed: int) -> list[dict]:
+def copy_database(source: Path, copy: Path) -> None:
+    """A consistent copy of a SQLite database, its write-ahead log included (a file copy of a
+    database in WAL mode can miss the measurements still in the log)."""
+    copy.unlink(missing_ok=True)
+    with sqlite3.connect(source) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)
+
+
+def part_schedulers(name: str, budgets: list[int], seed: int, keep: Path | None) -> None:
+    """Tune `name` with each scheduler, budget after budget in one database per scheduler, and
+    keep a copy of the database after each budget in `keep`, named
+    `<model>.<scheduler>.<budget>.db`; `time_schedulers` times them side by side afterwards."""
     from eqsched.model import get_model
     from eqsched.tools.tune_model import tune_model
 
     model = get_model(name.split("-")[0], **MODELS[name])
-    rows = []
+    keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for scheduler in ("gradient", "round-robin"):
             db = Path(tmp) / f"{scheduler}.db"
             for budget in budgets:
                 result = tune_model(model, budget, scheduler=scheduler, db=db, seed=seed,
                                     threads=1)
-                rows.append({"model": name, "scheduler": scheduler, "trials": budget,
-                             "latency_s": result.latency_s, "correct": result.correct})
-                print(f"  {name} {scheduler} {budget}: {result.latency_s * 1e3:.3f} ms",
+                copy_database(db, keep / f"{name}.{scheduler}.{budget}.db")
+                print(f"  {name} {scheduler} {budget}: tuned, {result.latency_s * 1e3:.3f} ms "
+                      f"when it ended, {'correct' if result.correct else 'WRONG'}",
                       file=sys.stderr, flush=True)
-    return rows
+
+
+def time_schedulers(name: str, keep: Path, repeats: int, seed: int) -> list[dict]:
+    """The end-to-end latency of every database kept for `name`, timed alternately with each
+    other and with onnxruntime's, so every budget and scheduler sees the same machine noise."""
+    from portability import timed
+
+    from eqsched.backend import CompileOptions, Target
+    from eqsched.compiled_model import CompiledModel
+    from eqsched.model import get_model
+
+    model = get_model(name.split("-")[0], **MODELS[name])
+    kept = sorted(keep.glob(f"{name}.*.*.db"),
+                  key=lambda p: (p.stem.split(".")[1], int(p.stem.split(".")[2])))
+    if not kept:
+        raise SystemExit(f"{keep}: no databases kept for {name}")
+    options = CompileOptions(threads=1, target=Target.parse("host"))
+    compiled = [CompiledModel(model, db=db, options=options) for db in kept]
+    inputs = compiled[0].random_inputs(seed)
+    verdicts = [c.check(inputs) for c in compiled]
+    calls = [lambda c=c: c(inputs) for c in compiled] + [onnxruntime_run(model, 1, inputs)]
+    times = timed(calls, repeats)
+    ort_s = times[-1][0]
+    return [{"model": name, "scheduler": db.stem.split(".")[1],
+             "trials": int(db.stem.split(".")[2]), "latency_s": t[0], "spread": t[1],
+             "onnxruntime_s": ort_s, "correct": bool(v)}
+            for db, t, v in zip(kept, times, verdicts)]
 
 
 def main() -> None:
@@ -110,6 +152,9 @@ def main() -> None:
     ap.add_argument("--schedulers", action="store_true",
                     help="gradient vs round-robin instead, after each of --budgets")
     ap.add_argument("--budgets", nargs="*", type=int, default=[200, 500, 1000])
+    ap.add_argument("--keep", help="with --schedulers: keep each budget's database here")
+    ap.add_argument("--retime", metavar="DIR",
+                    help="time the databases a --schedulers --keep DIR run kept, tuning nothing")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -120,13 +165,21 @@ def main() -> None:
         rows = [part_model(n, threads, args.trials, args.seed, args.repeats) for n in names]
         print(json.dumps(rows))
         return
-    if args.schedulers:
+    if args.schedulers or args.retime:
         _threads_for_libraries(1)
-        rows = [r for n in names for r in part_schedulers(n, args.budgets, args.seed)]
-        print("model         scheduler     trials  latency ms")
+        rows = []
+        for n in names:
+            with tempfile.TemporaryDirectory() as tmp:
+                keep = Path(args.keep or args.retime or tmp)
+                if not args.retime:
+                    part_schedulers(n, args.budgets, args.seed, keep)
+                rows += time_schedulers(n, keep, args.repeats, args.seed)
+        print("model         scheduler     trials  latency ms  onnxrt ms  vs onnxrt  spread")
         for r in rows:
             print(f"{r['model']:<13} {r['scheduler']:<13} {r['trials']:>6}  "
-                  f"{r['latency_s'] * 1e3:10.3f}{'' if r['correct'] else '  WRONG'}")
+                  f"{r['latency_s'] * 1e3:10.3f}  {r['onnxruntime_s'] * 1e3:9.3f}  "
+                  f"{r['onnxruntime_s'] / r['latency_s']:8.2f}x  {r['spread']:5.1%}"
+                  f"{'' if r['correct'] else '  WRONG'}")
     else:
         import subprocess
 
