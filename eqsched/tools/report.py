@@ -114,8 +114,12 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=110)
-    fig.clf()
+    # Closed, not only cleared: pyplot keeps every open figure, and warns on stderr past 20
+    # (a model page adds a figure per run).
+    plt.close(fig)
     return path
 
 
@@ -567,8 +571,11 @@ def write_model_page(plt: Any, group: ModelRuns, out: Path, here: str) -> tuple[
     sections = []
     files = [out / group.page, curve]
     for run in group.runs:
-        bars = plot_task_times(plt, group.model, run, out / f"{stem}_run{run['id']}_tasks.png")
-        files.append(bars)
+        bars = None
+        if run["summary"].get("tasks"):  # else a run that ended before it recorded anything
+            bars = plot_task_times(plt, group.model, run,
+                                   out / f"{stem}_run{run['id']}_tasks.png")
+            files.append(bars)
         sections.append(_run_section(run, bars, here))
     runs = "".join("<tr>" + "".join(f"<td>{v}</td>" for v in _model_run_cells(run)) + "</tr>"
                    for run in group.runs)
@@ -615,7 +622,10 @@ def _model_run_cells(run: dict) -> list[str]:
                     or summary.get("error") or "–")]
 
 
-def _run_section(run: dict, bars: Path, here: str) -> str:
+def _run_section(run: dict, bars: Path | None, here: str) -> str:
+    title = f"<h3>{html.escape(_model_run_label(run))}</h3>"
+    if bars is None:
+        return f"{title}<p>Nothing recorded: the run ended before it timed its tasks.</p>"
     rows = task_times(run)
     summary = run["summary"]
     before, after = summary.get("default_latency_s"), summary.get("latency_s")
@@ -649,7 +659,7 @@ def _run_section(run: dict, bars: Path, here: str) -> str:
                  at(totals["tuned"]))) + "<td></td>" * 2 + "</tr>")
     elsewhere = "" if run["machine_fp"] == here else (
         "<p>Measured on another machine than this one.</p>")
-    return f"""<h3>{html.escape(_model_run_label(run))}</h3>{elsewhere}
+    return f"""{title}{elsewhere}
 <table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}{total}</table>
 <p><img src="{bars.name}" alt="{html.escape(bars.stem)}"></p>
 """
