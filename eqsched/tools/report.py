@@ -11,6 +11,11 @@ time per round; the size of each problem's space with each rule left out; and ea
 best program against numpy (timed now, one thread) and this machine's peak. The database is
 only read; the counts per rule (one saturation per rule) are cached beside the page.
 
+Each model tuned by `eqsched tune-model` (a name and graph fingerprint in the database's
+`model_runs`) gets a page of its own, linked from the index: every run's latency against trials
+on one plot (the scheduler's objective, with the model measured end to end before and after
+tuning), and per run a table and a bar plot of time per task before and after.
+
 See docs/ARCHITECTURE.md §12 The database.
 """
 
