@@ -192,8 +192,8 @@ def test_model_runs_alone_make_a_report_and_two_graphs_of_one_name_two_pages(mod
                                      versions=tuned["versions"])
             db.finish_model_run(run, status="done", summary=tuned["summary"])
         # A run killed before it recorded anything: its page says so.
-        db.start_model_run(model="mlp", fingerprint="aaaa", settings={}, machine={},
-                           versions={})
+        db.start_model_run(model="mlp", fingerprint="aaaa", settings=tuned["settings"],
+                           machine=tuned["machine"], versions=tuned["versions"])
     done = subprocess.run([sys.executable, "-m", "eqsched", "report", "--db", "models.db",
                            "--out", "out"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "", done.stderr

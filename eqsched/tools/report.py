@@ -440,7 +440,7 @@ class ModelRuns:
     @property
     def page(self) -> str:
         """The file name of its page (a model's name may be any ONNX file's)."""
-        return f"model_{_UNSAFE_IN_FILE_NAMES.sub('_', self.model)}_{self.fingerprint}.html"
+        return _UNSAFE_IN_FILE_NAMES.sub("_", f"model_{self.model}_{self.fingerprint}") + ".html"
 
 
 def model_runs(db: Database) -> list[ModelRuns]:
@@ -588,8 +588,9 @@ def write_model_page(plt: Any, group: ModelRuns, out: Path, here: str) -> tuple[
             "started", "end to end, default", "end to end, tuned", "× faster", "check")
     body = f"""<p><a href="index.html">report index</a></p>
 <h1>{html.escape(group.model)}</h1>
-<p>Model graph fingerprint <code>{group.fingerprint}</code>: every run on this page tuned this
-graph. End-to-end latencies are medians of whole-model calls, measured in the tuning process.</p>
+<p>Model graph fingerprint <code>{html.escape(group.fingerprint)}</code>: every run on this
+page tuned this graph. End-to-end latencies are medians of whole-model calls, measured in the
+tuning process.</p>
 <table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{runs}</table>
 <h2>Latency against trials</h2>
 <p>Each line is one run: the scheduler's objective, the sum over tasks of weight × best
@@ -773,8 +774,9 @@ def _html(db_path: str, machine: dict, rows: list[dict], sections: list,
         table = "".join(
             f'<tr><td><a href="{html.escape(m["page"])}">{html.escape(m["model"])}</a></td>'
             + "".join(f"<td>{v}</td>" for v in (
-                f"<code>{m['fingerprint']}</code>", m["runs"], html.escape(m["status"]),
-                m["tasks"], _seconds(m["default_latency_s"]), _seconds(m["latency_s"]),
+                f"<code>{html.escape(m['fingerprint'])}</code>", m["runs"],
+                html.escape(m["status"]), m["tasks"], _seconds(m["default_latency_s"]),
+                _seconds(m["latency_s"]),
                 _cell(m["default_latency_s"] / m["latency_s"]
                       if m["default_latency_s"] and m["latency_s"] else None),
                 _cell(m["correct"]))) + "</tr>" for m in models)
