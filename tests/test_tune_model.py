@@ -101,7 +101,8 @@ def test_an_interrupted_model_run_is_recorded_interrupted(tmp_path, monkeypatch)
         first, second = d.model_runs()
     assert first["status"] == second["status"] == "interrupted"
     assert first["summary"]["interrupted"] is True and len(first["summary"]["curve"]) == 1
-    assert second["summary"]["default_latency_s"] > 0 and "latency_s" not in second["summary"]
+    # Before and after are timed side by side once the check passed: neither was reached.
+    assert "default_latency_s" not in second["summary"] and "latency_s" not in second["summary"]
     assert [t["trials"] for t in second["summary"]["tasks"]] == [16, 0]
 
 

@@ -12,9 +12,9 @@ into it, structurally equal tasks counted once with a weight), the task schedule
 global budget across them (`task_tuning.tune_tasks`), and the tuned kernels, taken from the
 database, are composed into one `CompiledModel`, checked end to end against the numpy evaluation
 of the graph (and against onnxruntime for an ONNX model, when it is installed) and timed. A
-re-run on the same database measures nothing it measured before. Before tuning, the model is
-compiled and timed once with every task's default schedule, so the result says what tuning bought;
-each task's kernel is also timed alone, before and after.
+re-run on the same database measures nothing it measured before. The model is also compiled with
+every task's default schedule and, after tuning, both are timed in alternating rounds, end to end
+and each task's kernel alone, so the result says what tuning bought on one machine state.
 
 Each call is recorded in the database as a model run (`Database.start_model_run`): the model's
 name and graph fingerprint, the settings, machine and versions, the tuning curve (after each
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from ..backend.target import Target, TargetError
 from ..model import Model, ModelError
 
 if TYPE_CHECKING:
+    from ..compiled_model import CompiledModel
     from ..db import Database
     from ..model.tasks import ModelTask
     from ..trials import Settings
@@ -189,10 +191,6 @@ def _tune_and_run(model: Model, model_tasks: list[ModelTask], trials: int,
             progress(event, data)
 
     default = CompiledModel(model, options=options, tasks=model_tasks)
-    summary["default_latency_s"] = default_latency = default.time(TIMED_CALLS)
-    default_kernel_s = default.time_tasks(TIMED_CALLS)
-    for row in rows:
-        row["default_kernel_s"] = default_kernel_s[row["name"]]
     tuned = tune_tasks([Task(t.name, t.computation, t.weight) for t in model_tasks], trials,
                        scheduler=scheduler, db=database, seed=seed, settings=settings,
                        population=population, progress=recording)
@@ -203,10 +201,12 @@ def _tune_and_run(model: Model, model_tasks: list[ModelTask], trials: int,
     compiled = CompiledModel(model, db=database, options=options, tasks=model_tasks)
     verdict = compiled.check(seed=seed)
     against_ort = compiled.check_onnxruntime(onnx_source, seed=seed)
-    latency = compiled.time(TIMED_CALLS)
-    tuned_kernel_s = compiled.time_tasks(TIMED_CALLS)
+    (default_latency, latency), (default_kernel_s, tuned_kernel_s) = _side_by_side(default,
+                                                                                    compiled)
+    summary["default_latency_s"] = default_latency
     for row in rows:
         row["kernel"] = compiled.kernels[row["name"]].source
+        row["default_kernel_s"] = default_kernel_s[row["name"]]
         row["tuned_kernel_s"] = tuned_kernel_s[row["name"]]
     correct = bool(verdict) and against_ort.correct is not False
     result = ModelTuningResult(model.name, tuned.scheduler, tuned.trials, tuned.measured,
@@ -215,6 +215,23 @@ def _tune_and_run(model: Model, model_tasks: list[ModelTask], trials: int,
     summary.update({k: v for k, v in result.to_json().items() if k not in ("tasks", "curve",
                                                                              "run_id")})
     return result
+
+
+def _side_by_side(*models: CompiledModel, rounds: int = 4
+                  ) -> tuple[list[float], list[dict[str, float]]]:
+    """Each model's end-to-end latency and its kernels' times alone, timed in alternating
+    rounds (a median of the rounds' medians), so that before and after tuning see the same
+    machine: timed minutes apart, a busy machine's drift reads as a change of program."""
+    calls = max(1, TIMED_CALLS // rounds)
+    latencies: list[list[float]] = [[] for _ in models]
+    kernels: list[list[dict[str, float]]] = [[] for _ in models]
+    for _ in range(rounds):
+        for model, latency, kernel in zip(models, latencies, kernels):
+            latency.append(model.time(calls))
+            kernel.append(model.time_tasks(calls))
+    return ([statistics.median(times) for times in latencies],
+            [{name: statistics.median(r[name] for r in rounds_) for name in rounds_[0]}
+             for rounds_ in kernels])
 
 
 # ---- the command ------------------------------------------------------------------------------
