@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, compile_program
+from .backend.chain import Chain
 from .db import Database, Record
 from .explore import computation_key
 from .ir import Block, Loop, Program, naive_program
@@ -128,12 +129,6 @@ class Verdict:
         return bool(self.correct)
 
 
-@dataclass
-class _Call:
-    kernel: Kernel
-    args: list[np.ndarray | str]  # a planned array, or the name of a model input
-
-
 class CompiledModel:
     """`model` compiled task by task (see the module docstring); call it on a mapping of input
     name to array. `db` (a path or an open Database) supplies tuned programs; without it every
@@ -153,8 +148,13 @@ class CompiledModel:
             if database is not None and database is not db:
                 database.close()
         self._weights = {k: aligned_copy(w.reshape(-1)) for k, w in model.weights.items()}
+        # Each input is copied into a buffer of its own on every call: the kernels were tuned
+        # on aligned arrays, and a call then hands the chain nothing (its addresses are fixed).
+        self._inputs = {k: aligned_empty((max(math.prod(s), 1),))
+                        for k, s in model.inputs.items()}
         self._buffers: list[np.ndarray] = []  # every planned buffer, once
-        self._calls, self._outputs = self._plan()
+        calls, self._outputs = self._plan()
+        self._chain = Chain(calls)
 
     def _kernel(self, task: ModelTask, database: Database | None) -> TaskKernel:
         comp = task.computation
@@ -169,8 +169,8 @@ class CompiledModel:
         program = default_program(comp, self.options.target.vector_lanes)
         return TaskKernel(task, program, compile_program(program, self.options), "default")
 
-    def _plan(self) -> tuple[list[_Call], dict[str, np.ndarray]]:
-        """The calls in running order, each with its arrays bound, and the outputs' buffers."""
+    def _plan(self) -> tuple[list[tuple[Kernel, list[np.ndarray]]], dict[str, np.ndarray]]:
+        """The kernel calls in running order, each with its arrays, and the outputs' buffers."""
         steps = sorted(((occ, task) for task in self.tasks for occ in task.occurrences),
                        key=lambda step: step[0].position)
         last_read: dict[str, int] = {}
@@ -194,12 +194,13 @@ class CompiledModel:
                 owner[value], planned[value] = buffer, buffer[:size]
             kern = self.kernels[task.name].kernel
             names = {**occ.inputs, **occ.outputs}
-            args: list[np.ndarray | str] = []
+            arrays = []
             for buf in (*kern.program.inputs, *kern.program.outputs):
                 value = names[buf.name]
                 source = planned.get(value, self._weights.get(value))
-                args.append(value if source is None else source.reshape(buf.shape))
-            calls.append(_Call(kern, args))
+                arrays.append((self._inputs[value] if source is None else source)
+                              .reshape(buf.shape))
+            calls.append((kern, arrays))
             for value in set(occ.inputs.values()):
                 if (last_read.get(value) == k and value in planned
                         and value not in self.model.outputs):
@@ -211,22 +212,28 @@ class CompiledModel:
         """The bytes of the buffers planned for values computed by tasks (outputs included)."""
         return sum(b.nbytes for b in self._buffers)
 
+    @property
+    def native_calls(self) -> int:
+        """Native calls one model call makes from the calling thread: one for the whole model,
+        plus one per kernel function whose parallel loop is split among threads (and one for
+        each run of serial functions between two such)."""
+        return self._chain.native_calls
+
     # ---- calling ----------------------------------------------------------------------------
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs for `inputs` (name -> array of the input's shape), as new
-        float32 arrays."""
-        self._run(self._bind(inputs))
-        return {o: self._output(o, inputs) for o in self.model.outputs}
+        float32 arrays (a later call does not change them)."""
+        checked = self._run(inputs)
+        return {o: self._output(o, checked) for o in self.model.outputs}
 
-    def _bind(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: a.reshape(-1) for k, a in self.model.checked_inputs(inputs).items()}
-
-    def _run(self, bound: Mapping[str, np.ndarray]) -> None:
-        for call in self._calls:
-            call.kernel(*(bound[a].reshape(b.shape) if isinstance(a, str) else a
-                          for a, b in zip(call.args, (*call.kernel.program.inputs,
-                                                      *call.kernel.program.outputs))))
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Copy `inputs` into their buffers and run every kernel; the inputs as checked."""
+        checked = self.model.checked_inputs(inputs)
+        for name, array in checked.items():
+            np.copyto(self._inputs[name], array.reshape(-1))
+        self._chain()
+        return checked
 
     def _output(self, name: str, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         shape = self.model.shape(name)
@@ -276,17 +283,17 @@ class CompiledModel:
 
     def time(self, repeats: int = 10, inputs: Mapping[str, np.ndarray] | None = None,
              warmup: int = 1) -> float:
-        """The median seconds of one end-to-end call (outputs left in their buffers), over
-        `repeats` calls after `warmup`."""
+        """The median seconds of one end-to-end call, as a caller pays it (inputs checked and
+        copied in, outputs copied out), over `repeats` calls after `warmup`."""
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
-        bound = self._bind(inputs if inputs is not None else self.random_inputs())
+        inputs = inputs if inputs is not None else self.random_inputs()
         for _ in range(warmup):
-            self._run(bound)
+            self(inputs)
         times = []
         for _ in range(repeats):
             start = _time.perf_counter()
-            self._run(bound)
+            self(inputs)
             times.append(_time.perf_counter() - start)
         return statistics.median(times)
 

@@ -77,6 +77,23 @@ def test_buffers_are_planned_once_and_shared_by_values_that_do_not_live_together
     assert compiled.time(repeats=2) > 0
 
 
+def test_one_native_call_runs_the_model_and_each_call_returns_outputs_of_its_own():
+    model = get_model("bert_layer", seq=8, hidden=16, heads=2, ffn=32)
+    compiled = CompiledModel(model, options=ONE_THREAD)
+    assert len(compiled.tasks) > 1 and compiled.native_calls == 1
+    calls = []
+    for seed in range(3):
+        inputs = model_inputs(model, seed=seed)
+        # Any float array of the input's shape: a float64 copy in Fortran order here.
+        given = {k: np.asfortranarray(v, np.float64) for k, v in inputs.items()}
+        calls.append((inputs, compiled(given)))
+    for inputs, outputs in calls:  # a later call changed none of an earlier call's outputs
+        expected = {k: v.astype(np.float64) for k, v in model.evaluate(inputs).items()}
+        ok, _, message = compare(outputs, expected, (1e-4, 1e-4))
+        assert ok, message
+    assert not np.may_share_memory(calls[0][1]["output"], calls[1][1]["output"])
+
+
 def _tune(comp, db_path, trials: int, settings: Settings) -> int:
     """A few trials of the task's space, measured in the worker and stored under `task_key` as
     task tuning stores them: programs drawn from the saturated space, derived, measured."""
