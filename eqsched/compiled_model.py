@@ -15,11 +15,14 @@ thread count (`best_record`), its trace replayed on the task's naive program. A 
 innermost stored axis moved innermost and vectorized where legality allows, so an untuned model
 still runs, and runs sensibly.
 
-Buffers: weights are bound once (aligned copies); each value computed by one task and read by
-another gets an aligned buffer at construction, and a buffer whose value has no reader left is
-reused by a later value that fits in it (never by an output of the task reading it: kernels'
-pointers are `noalias`). Model outputs get buffers of their own, copied out on each call. The
-threads and the target are the compile options', as everywhere in the backend.
+Buffers: weights are bound once (aligned copies); each input, and each value computed by one
+task and read by another, gets an aligned buffer at construction, and a buffer whose value has no
+reader left is reused by a later value that fits in it (never by an output of the task reading
+it: kernels' pointers are `noalias`). Model outputs get buffers of their own. Every kernel call is
+bound to its buffers once, in a `backend.chain.Chain`: a model call copies the inputs in, runs
+the whole model by one native call (on one thread; a parallel loop split among threads adds its
+own) and copies the outputs out. The threads and the target are the compile options', as
+everywhere in the backend.
 
 See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """

@@ -11,7 +11,7 @@ releases the GIL for all of it. A function whose parallel loop is split among th
 exception: its chunks are handed to threads from Python as a kernel call hands them
 (`run_parallel`), and the serial functions between two such are one glue function each.
 
-See docs/ARCHITECTURE.md §19 Tasks and compiled models.
+See docs/ARCHITECTURE.md §7 Backend and target.
 """
 
 from __future__ import annotations
