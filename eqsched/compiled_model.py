@@ -11,9 +11,10 @@ else a default schedule) called at each place the task occurs, over buffers plan
 Tasks come from `model.tasks.extract_tasks`. A task's program is looked up under `task_key` (the
 key its tuning stores measurements under): the fastest correct record for the compile target and
 thread count (`best_record`), its trace replayed on the task's naive program. A task never tuned
-(or tuned for another target) runs `default_program`: the naive program with each nest's
+(or tuned for another target) runs its `default_schedule`: the naive program with each nest's
 innermost stored axis moved innermost and vectorized where legality allows, so an untuned model
-still runs, and runs sensibly.
+still runs, and runs sensibly. Task tuning measures that schedule as each task's first trial, so
+a tuned task's best record is never slower than it.
 
 Buffers: weights are bound once (aligned copies); each input, and each value computed by one
 task and read by another, gets an aligned buffer at construction, and a buffer whose value has no
@@ -42,13 +43,14 @@ import numpy as np
 from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, compile_program
 from .backend.chain import Chain
 from .db import Database, Record
+from .default_schedule import default_schedule
 from .explore import computation_key
-from .ir import Block, Loop, Program, naive_program
+from .ir import Program, naive_program
 from .model.graph import Model
 from .model.op import ModelError, f32
 from .model.tasks import ModelTask, extract_tasks
 from .reference import compare
-from .schedule import Schedule, ScheduleError
+from .schedule import Schedule
 from .te import Computation
 
 # rtol and atol (`reference.compare`, atol relative to each output's largest magnitude): float32
@@ -74,37 +76,6 @@ def best_record(database: Database, comp: Computation, options: CompileOptions
               if r.correct and r.error is None and r.median_s is not None
               and r.program_hash.partition("/")[2] in ("", threads)]
     return min(usable, key=lambda r: r.median_s, default=None)
-
-
-def default_program(comp: Computation, lanes: int) -> Program:
-    """The naive program with, in each nest, the loop of the innermost stored axis moved
-    innermost (past a reduction's axes) and vectorized `lanes` wide (split when longer), kept
-    only when legal: the schedule a task nobody tuned runs."""
-    sch = Schedule(naive_program(comp))
-    for root in sch.program.body:
-        chain, node = [], root
-        while isinstance(node, Loop) and len(node.body) == 1:
-            chain.append(node)
-            node = node.body[0]
-        if not isinstance(node, Block) or not chain:
-            continue
-        spatial = [a.name for a in node.axes if a.kind == "spatial"]
-        loop = next((lp for lp in chain if spatial and lp.name.endswith(f".{spatial[-1]}")), None)
-        if loop is None:
-            continue
-        trial = sch.fork()
-        try:
-            if chain[-1].name != loop.name:
-                trial.reorder(chain[-1].name, loop.name)
-            if loop.extent > lanes:
-                trial.split(loop.name, [-1, lanes])
-                trial.vectorize(f"{loop.name}.1")
-            else:
-                trial.vectorize(loop.name)
-        except ScheduleError:
-            continue  # e.g. a gathered store: this nest stays as it is
-        sch = trial
-    return sch.program
 
 
 @dataclass(frozen=True)
@@ -169,7 +140,7 @@ class CompiledModel:
                                  f"{record.program_hash} rebuilds another program")
             return TaskKernel(task, program, compile_program(program, self.options), "database",
                               record.median_s)
-        program = default_program(comp, self.options.target.vector_lanes)
+        program = default_schedule(comp, self.options.target.vector_lanes).program
         return TaskKernel(task, program, compile_program(program, self.options), "default")
 
     def _plan(self) -> tuple[list[tuple[Kernel, list[np.ndarray]]], dict[str, np.ndarray]]:
@@ -313,5 +284,4 @@ def _compare(ours: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndarray],
     return Verdict(ok, max_error, f"{'correct' if ok else 'wrong'} against {against}: {message}")
 
 
-__all__ = ["CompiledModel", "TaskKernel", "Verdict", "best_record", "default_program",
-           "task_key"]
+__all__ = ["CompiledModel", "TaskKernel", "Verdict", "best_record", "task_key"]

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 from model_checks import random_inputs as model_inputs
 
-from eqsched.backend import CompileOptions, compile_program
-from eqsched.compiled_model import CompiledModel, best_record, default_program, task_key
+from eqsched.backend import CompileOptions
+from eqsched.compiled_model import CompiledModel, best_record, task_key
 from eqsched.db import Database
 from eqsched.egraph.derive import DeriveError, derive, realize
 from eqsched.egraph.saturate import Limits, saturate
 from eqsched.egraph.space import Space
 from eqsched.egraph.term import vector_lanes
-from eqsched.ir import LoopKind, naive_program
+from eqsched.ir import naive_program
 from eqsched.model import ModelBuilder, ModelError, get_model, import_onnx, save_onnx
 from eqsched.model.tasks import extract_tasks
-from eqsched.reference import compare, random_inputs, reference, tolerance
+from eqsched.reference import compare
 from eqsched.rules import resolve
 from eqsched.schedule import ScheduleError
 from eqsched.trials import Settings, measurement_key, record_of
@@ -28,26 +28,6 @@ ONE_THREAD = CompileOptions(threads=1)
 SMALL = [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
          ("bert_layer", {"seq": 8, "hidden": 16, "heads": 2, "ffn": 32}),
          ("resnet_block", {"channels": 4, "size": 6})]
-
-
-@pytest.mark.parametrize("name,params", SMALL)
-def test_every_task_s_default_program_computes_its_computation(name, params):
-    lanes = ONE_THREAD.target.vector_lanes
-    for task in extract_tasks(get_model(name, **params)):
-        comp = task.computation
-        kernel = compile_program(default_program(comp, lanes), ONE_THREAD)
-        inputs = random_inputs(comp, seed=1)
-        ok, _, message = compare(kernel.run(inputs), reference(comp, inputs), tolerance(comp))
-        assert ok, f"{task.name}: {message}"
-
-
-def test_the_default_program_vectorizes_a_matmul_along_its_columns():
-    comp = extract_tasks(get_model("mlp"))[0].computation  # 1x784 @ 784x128, bias, relu
-    program = default_program(comp, 16)
-    vector = [lp.name for lp in program.loops() if lp.kind == LoopKind.VECTOR]
-    # The reduction moved out of the innermost place; every nest's columns run 16 wide.
-    assert "t0.i1.1" in vector and len(vector) == 4
-    assert all(lp.extent == 16 for lp in program.loops() if lp.kind == LoopKind.VECTOR)
 
 
 @pytest.mark.parametrize("name,params", SMALL)
