@@ -197,7 +197,7 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
                 tasks[i].computation, db=database, seed=seed, cost_model=cost_model,
                 rules=rules, limits=limits, batch=slice_trials, jobs=jobs,
                 population=population, settings=settings,
-                target=target, measure_naive=False,
+                target=target, measure_naive=False, measure_default=True,
                 progress=lambda event, data: say(event, {**data, "task": name}))
         return tuners[i]
 

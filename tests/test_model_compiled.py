@@ -15,7 +15,7 @@ from eqsched.db import Database
 from eqsched.egraph.derive import DeriveError, derive, realize
 from eqsched.egraph.saturate import Limits, saturate
 from eqsched.egraph.space import Space
-from eqsched.egraph.term import vector_lanes
+from eqsched.egraph.term import show, vector_lanes
 from eqsched.ir import naive_program
 from eqsched.model import ModelBuilder, ModelError, get_model, import_onnx, save_onnx
 from eqsched.model.tasks import extract_tasks
@@ -91,7 +91,7 @@ def _tune(comp, db_path, trials: int, settings: Settings) -> int:
             except (DeriveError, ScheduleError):
                 continue
             m = settings.measure(program)
-            db.add(record_of(workload, size, measurement_key(program, settings), term, sizes,
+            db.add(record_of(workload, size, measurement_key(program, settings), show(term), sizes,
                              trace, m, settings))
             stored += 1
     return stored

@@ -9,6 +9,7 @@ import pytest
 from conftest import LatencyCurve, small_search
 
 from eqsched.db import Database
+from eqsched.default_schedule import default_schedule
 from eqsched.egraph.saturate import SaturationError
 from eqsched.explore import Settings, computation_key
 from eqsched.expr import relu
@@ -184,6 +185,19 @@ def test_a_run_tunes_every_task_and_stores_them_under_their_own_keys(tuned):
             assert len(d.records(workload, size)) == row["trials"]
             assert d.runs(workload, size)[0]["status"] == "done"
             assert explored.best.correct  # checked against numpy in the worker
+
+
+def test_each_task_s_first_trial_is_its_default_schedule_and_the_best_is_no_slower(tuned):
+    _, tasks, result, _ = tuned
+    lanes = FAST.options().target.vector_lanes
+    for task, explored in zip(tasks, result.results):
+        default = default_schedule(task.computation, lanes).program
+        first, *searched = explored.trials
+        assert first.round == 0 and first.structure == "default" and first.correct
+        assert first.program_hash == default.hash() not in {t.program_hash for t in searched}
+        # No finalists in FAST: the best is the fastest correct trial, the default among them.
+        fastest = min((t for t in explored.trials if t.correct), key=lambda t: t.median_s)
+        assert explored.best.median_s == fastest.median_s <= first.median_s
 
 
 def test_the_table_is_reported_after_every_slice(tuned):
