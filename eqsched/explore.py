@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -318,6 +319,18 @@ class TaskTuner:
     def stop_reason(self) -> str:
         """Why the last slice ended (a budget spent, the space exhausted, an interrupt)."""
         return self.result.stop_reason
+
+    @property
+    def failure(self) -> str:
+        """Why no trial so far gave a valid program, in a few words: the commonest first clause
+        of the trials' errors (the latest among equals) and how many trials it ended, like
+        "wrong result (16 of 16 trials)"; "" once one is valid, and before any trial."""
+        trials = self.result.trials
+        if not trials or any(t.correct and t.median_s for t in trials):
+            return ""
+        clauses = [_first_clause(t.error) if t.error else "not checked" for t in trials]
+        common = max(reversed(clauses), key=clauses.count)
+        return f"{common} ({clauses.count(common)} of {len(trials)} trials)"
 
     @property
     def exhausted(self) -> bool:
@@ -708,6 +721,12 @@ class _Exploration:
             return
         assert first_error is not None
         raise first_error
+
+
+def _first_clause(error: str) -> str:
+    """An error's kind, as its message's first clause says it: "wrong result", "timed out
+    after 120 s", "BackendError" (the runner names an exception by its type)."""
+    return re.split(r": | \(", error, maxsplit=1)[0]
 
 
 def _check_trace(naive: Program, trace: list[dict], measured_hash: str) -> None:
