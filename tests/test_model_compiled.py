@@ -205,3 +205,11 @@ def test_an_output_that_is_an_input_of_the_model_is_returned_as_given():
     out = compiled({"x": np.array([-1.0, 0.5, 2.0])})
     np.testing.assert_array_equal(out["x"], np.array([-1.0, 0.5, 2.0], np.float32))
     np.testing.assert_array_equal(out["r"], np.array([0.0, 0.5, 2.0], np.float32))
+
+
+def test_a_model_that_computes_nothing_returns_its_input():
+    b = ModelBuilder("identity")
+    compiled = CompiledModel(b.build(b.input("x", (3,))), options=ONE_THREAD)
+    assert compiled.tasks == [] and compiled.native_calls == 0
+    out = compiled({"x": np.array([-1.0, 0.5, 2.0])})
+    np.testing.assert_array_equal(out["x"], np.array([-1.0, 0.5, 2.0], np.float32))

@@ -24,6 +24,7 @@ import numpy as np
 from llvmlite import ir
 
 from .kernel import Kernel, Step, run_parallel
+from .options import CompileOptions
 from .target import create_target_machine, host, target_machine
 
 PTR = ir.PointerType()
@@ -33,11 +34,10 @@ I64 = ir.IntType(64)
 class Chain:
     """`calls`: (kernel, its arrays in `program.inputs + program.outputs` order) in running
     order. Calling the chain runs them all in place; the arrays' contents are read and written
-    as the kernels' calls would, the arrays themselves stay bound (one run at a time)."""
+    as the kernels' calls would, the arrays themselves stay bound (one run at a time). No calls:
+    a chain that runs nothing (a model whose outputs are its inputs)."""
 
     def __init__(self, calls: Sequence[tuple[Kernel, Sequence[np.ndarray]]]):
-        if not calls:
-            raise ValueError("a chain needs at least one kernel call")
         # The machine code and the memory the addresses point to live as long as the chain.
         self._bound = [(kernel, tuple(arrays)) for kernel, arrays in calls]
         steps = [step for kernel, arrays in self._bound for step in kernel.bind(*arrays)]
@@ -47,21 +47,8 @@ class Chain:
                 groups[-1].append(step)
             else:
                 groups.append([step])
-        options = calls[0][0].options
-        module = ir.Module(name="chain")
-        module.triple = host()["triple"]
-        module.data_layout = str(target_machine(options.opt_level, options.target).target_data)
-        callees: dict[int, ir.Function] = {}  # address -> its declaration
-        for n, group in enumerate(groups):
-            if group[0].serial:
-                _glue(module, f"run{n}", group, callees)
-        llvm_module = llvm.parse_assembly(str(module))
-        llvm_module.verify()
-        self._engine = llvm.create_mcjit_compiler(
-            llvm_module, create_target_machine(options.opt_level, options.target))
-        for address, declaration in callees.items():
-            self._engine.add_global_mapping(llvm_module.get_function(declaration.name), address)
-        self._engine.finalize_object()
+        serial = {f"run{n}": group for n, group in enumerate(groups) if group[0].serial}
+        self._engine = _glue_engine(serial, calls[0][0].options) if serial else None
         self._stages: list[tuple[Callable[[], None], Step | None]] = []  # (call, split step)
         for n, group in enumerate(groups):
             step = group[0]
@@ -84,6 +71,25 @@ class Chain:
                 fn()
             else:
                 run_parallel(fn, split.parallel_extent, split.pointers, split.threads)
+
+
+def _glue_engine(functions: dict[str, list[Step]], options: CompileOptions
+                 ) -> llvm.ExecutionEngine:
+    """An engine holding, for each name, a function that calls its steps in order."""
+    module = ir.Module(name="chain")
+    module.triple = host()["triple"]
+    module.data_layout = str(target_machine(options.opt_level, options.target).target_data)
+    callees: dict[int, ir.Function] = {}  # address -> its declaration
+    for name, steps in functions.items():
+        _glue(module, name, steps, callees)
+    llvm_module = llvm.parse_assembly(str(module))
+    llvm_module.verify()
+    engine = llvm.create_mcjit_compiler(
+        llvm_module, create_target_machine(options.opt_level, options.target))
+    for address, declaration in callees.items():
+        engine.add_global_mapping(llvm_module.get_function(declaration.name), address)
+    engine.finalize_object()
+    return engine
 
 
 def _glue(module: ir.Module, name: str, steps: list[Step],
