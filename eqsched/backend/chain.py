@@ -101,9 +101,9 @@ def _glue(module: ir.Module, name: str, steps: list[Step],
     for step in steps:
         chunked = step.parallel_extent is not None
         if step.address not in callees:
-            arguments = [PTR] * len(step.pointers) + ([I64, I64] if chunked else [])
-            callees[step.address] = ir.Function(module, ir.FunctionType(ir.VoidType(), arguments),
-                                       f"step{len(callees)}")
+            parameters = [PTR] * len(step.pointers) + ([I64, I64] if chunked else [])
+            signature = ir.FunctionType(ir.VoidType(), parameters)
+            callees[step.address] = ir.Function(module, signature, f"step{len(callees)}")
         arguments = [ir.Constant(I64, p).inttoptr(PTR) for p in step.pointers]
         if chunked:
             arguments += [ir.Constant(I64, 0), ir.Constant(I64, step.parallel_extent)]
