@@ -124,8 +124,7 @@ class CompiledModel:
         self._weights = {k: aligned_copy(w.reshape(-1)) for k, w in model.weights.items()}
         # Each input is copied into a buffer of its own on every call: the kernels were tuned
         # on aligned arrays, and a call then hands the chain nothing (its addresses are fixed).
-        self._inputs = {k: aligned_empty((max(math.prod(s), 1),))
-                        for k, s in model.inputs.items()}
+        self._inputs = {k: aligned_empty(s) for k, s in model.inputs.items()}
         self._buffers: list[np.ndarray] = []  # every planned buffer, once
         calls, self._outputs = self._plan()
         self._chain = Chain(calls)
@@ -179,7 +178,8 @@ class CompiledModel:
                 if (last_read.get(value) == k and value in planned
                         and value not in self.model.outputs):
                     free.append(owner[value])
-        return calls, {o: planned[o] for o in self.model.outputs if o in planned}
+        return calls, {o: planned[o].reshape(self.model.shape(o))
+                       for o in self.model.outputs if o in planned}
 
     @property
     def buffer_bytes(self) -> int:
@@ -205,17 +205,16 @@ class CompiledModel:
         """Copy `inputs` into their buffers and run every kernel; the inputs as checked."""
         checked = self.model.checked_inputs(inputs)
         for name, array in checked.items():
-            np.copyto(self._inputs[name], array.reshape(-1))
+            np.copyto(self._inputs[name], array)
         self._chain()
         return checked
 
     def _output(self, name: str, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        shape = self.model.shape(name)
         if name in self._outputs:
-            return self._outputs[name].reshape(shape).copy()
+            return self._outputs[name].copy()
         # An output that is an input or a weight of the model, computed by no task.
         source = inputs[name] if name in inputs else self.model.weights[name]
-        return f32(source).reshape(shape).copy()
+        return f32(source).reshape(self.model.shape(name)).copy()
 
     # ---- checking and timing ----------------------------------------------------------------
 
