@@ -126,8 +126,8 @@ class CompiledModel:
         # on aligned arrays, and a call then hands the chain nothing (its addresses are fixed).
         self._inputs = {k: aligned_empty(s) for k, s in model.inputs.items()}
         self._buffers: list[np.ndarray] = []  # every planned buffer, once
-        calls, self._outputs = self._plan()
-        self._chain = Chain(calls)
+        self._calls, self._outputs = self._plan()  # kernel calls in running order, with arrays
+        self._chain = Chain(self._calls)
 
     def _kernel(self, task: ModelTask, database: Database | None) -> TaskKernel:
         comp = task.computation
@@ -274,6 +274,31 @@ class CompiledModel:
         """One row per task: name, weight, FLOPs, where its program came from, stored seconds."""
         return [{"task": k.task.name, "weight": k.task.weight, "flops": k.task.flops,
                  "source": k.source, "stored_s": k.stored_s} for k in self.kernels.values()]
+
+    def time_tasks(self, repeats: int = 10, inputs: Mapping[str, np.ndarray] | None = None,
+                   warmup: int = 1) -> dict[str, float]:
+        """Each task's kernel alone, by task name: the median seconds of one call on the buffers
+        planned for its first occurrence (one native call, as the model makes it), over
+        `repeats` calls after `warmup`. Weight times this, summed over tasks, is the part of
+        `time` spent in kernels."""
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        # One whole call first, so every planned buffer holds the values a real call gives
+        # (never uninitialized memory, whose NaNs and denormals would time differently).
+        self._run(inputs if inputs is not None else self.random_inputs())
+        medians: dict[str, float] = {}
+        for name, compiled in self.kernels.items():
+            arrays = next(a for kernel, a in self._calls if kernel is compiled.kernel)
+            alone = Chain([(compiled.kernel, arrays)])  # one native call, as the model calls it
+            for _ in range(warmup):
+                alone()
+            times = []
+            for _ in range(repeats):
+                start = _time.perf_counter()
+                alone()
+                times.append(_time.perf_counter() - start)
+            medians[name] = statistics.median(times)
+        return medians
 
 
 def _compare(ours: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndarray],

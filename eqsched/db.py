@@ -25,6 +25,9 @@ decide an outcome (`Record.settings`, the `MEASUREMENT_SETTINGS` of `trials.Sett
 records the process that runs it (pid, host, start time): `runs` shows a `running` run whose process
 is gone as `abandoned`.
 
+A whole model's tuning (`eqsched tune-model`) is one model run (`start_model_run`,
+`finish_model_run`, `model_runs`) in a table of its own, beside the ordinary runs of its tasks.
+
 Older databases are migrated when opened for writing and read as if migrated when opened
 read-only (the file is not touched): version 1 (before targets) was compiled for the host; before
 version 3 errors had no kind (those not clearly deterministic are taken as transient), measurements
@@ -102,6 +105,18 @@ _TABLES = ("meta", "measurements", "runs")
 _DERIVED_SCHEMA = """CREATE TABLE IF NOT EXISTS derived (
     measurement_id INTEGER NOT NULL REFERENCES measurements (id), key TEXT NOT NULL,
     value TEXT NOT NULL, PRIMARY KEY (measurement_id, key))"""
+# A whole model tuned (`tools.tune_model`): its name and graph fingerprint, its settings, the
+# machine and versions, status and process as a run's, and a summary (the tuning curve, end-to-end
+# latencies and each task's time before and after). Its tasks' explorations are ordinary `runs`;
+# this table only ties them into one model, so no consumer of `runs` ever meets a model. Added
+# when a database is opened for writing, absent from older read-only files (read as no model
+# runs), never exported, and ignored by older eqsched: no schema version of its own.
+_MODEL_RUNS_SCHEMA = """CREATE TABLE IF NOT EXISTS model_runs (
+    id INTEGER PRIMARY KEY, model TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    settings TEXT NOT NULL, machine TEXT NOT NULL, versions TEXT NOT NULL,
+    machine_fp TEXT NOT NULL, started_at REAL NOT NULL, finished_at REAL, status TEXT NOT NULL,
+    summary TEXT NOT NULL, pid INTEGER, host TEXT, process TEXT)"""
+_MODEL_RUN_JSON = ("settings", "machine", "versions", "summary")
 
 _RUN_COLUMNS = ("workload", "size", "key", "seed", "budget", "rules", "cost_model", "machine",
                 "versions", "config", "started_at", "finished_at", "status", "summary", "pid",
@@ -299,6 +314,7 @@ class Database:
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode = WAL")
                 self._conn.execute(_DERIVED_SCHEMA)
+                self._conn.execute(_MODEL_RUNS_SCHEMA)
                 self._check_writable()
         except (sqlite3.Error, UnicodeDecodeError) as e:
             self._conn.close()
@@ -714,6 +730,56 @@ class Database:
         with self._sql("store_derived"), self._transaction():
             self._conn.executemany("INSERT OR REPLACE INTO derived (measurement_id, key, value) "
                                    "VALUES (?, ?, ?)", rows)
+
+    # ---- model runs ------------------------------------------------------------------------
+
+    def start_model_run(self, *, model: str, fingerprint: str, settings: dict, machine: dict,
+                        versions: dict) -> int:
+        """Record the start of a model's tuning by this process (`tools.tune_model`); returns
+        its id for `finish_model_run`."""
+        self._writable()
+        pid = os.getpid()
+        row = {"model": model, "fingerprint": fingerprint,
+               "settings": _json(settings, "model run settings"),
+               "machine": _json(machine, "model run machine"),
+               "versions": _json(versions, "model run versions"), "machine_fp": self.machine_fp,
+               "started_at": time.time(), "status": "running", "summary": "{}", "pid": pid,
+               "host": socket.gethostname(), "process": process_identity(pid)}
+        with self._sql("start_model_run") as conn:
+            cursor = conn.execute(f"INSERT INTO model_runs ({', '.join(row)}) "
+                                  f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
+        return cursor.lastrowid
+
+    def finish_model_run(self, run_id: int, *, status: str, summary: dict) -> None:
+        """Mark a model run finished ("done", "interrupted" or "failed") with its summary."""
+        if status not in RUN_STATUSES:
+            raise ValueError(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
+        self._writable()
+        with self._sql("finish_model_run") as conn:
+            cursor = conn.execute(
+                "UPDATE model_runs SET status = ?, summary = ?, finished_at = ? WHERE id = ?",
+                (status, _json(summary, "model run summary"), time.time(), run_id))
+        if cursor.rowcount == 0:
+            raise DatabaseError(f"{self.path} has no model run {run_id}")
+
+    def model_runs(self, model: str | None = None) -> list[dict]:
+        """Model runs (oldest first, of every machine: `machine_fp` says whose) as dicts: id,
+        model, fingerprint, settings, machine, versions, machine_fp, started_at, finished_at,
+        status, summary, pid, host, process; a `running` one whose process is gone is ABANDONED,
+        as in `runs`. None in a database older than the table."""
+        if "model_runs" not in self._tables():
+            return []
+        where, params = ("WHERE model = ?", [model]) if model is not None else ("", [])
+        with self._sql("reading model runs") as conn:
+            rows = conn.execute(f"SELECT * FROM model_runs {where} ORDER BY id",
+                                params).fetchall()
+        runs = self._decode(rows, lambda row: {
+            k: json.loads(row[k]) if k in _MODEL_RUN_JSON else row[k] for k in row.keys()})
+        for run in runs:
+            if run["status"] == "running" and _process_gone(run["pid"], run["host"],
+                                                            run["process"]):
+                run["status"] = ABANDONED
+        return runs
 
     # ---- JSON lines ------------------------------------------------------------------------
 

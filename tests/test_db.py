@@ -539,3 +539,34 @@ def test_derived_values_are_a_cache_old_databases_open_without(tmp_path):
         db.store_derived("k", {1: [1.0, 2.5]})
         assert db.derived("k", [1, 2]) == {1: [1.0, 2.5]} and db.derived("other", [1]) == {}
         assert db.export_jsonl(tmp_path / "x.jsonl") == 2  # a run and a measurement, no cache
+
+
+def test_a_model_run_is_recorded_beside_the_runs_and_old_databases_open_without(tmp_path):
+    path = tmp_path / "old.db"
+    with Database(path, machine_fp="here") as db:
+        db.add(record("a", run_id=start(db)))
+        db._conn.execute("DROP TABLE model_runs")  # as written by an eqsched before model runs
+    with Database(path, readonly=True) as db:
+        assert db.model_runs() == []
+        with pytest.raises(DatabaseError, match="read-only"):
+            db.start_model_run(model="mlp", fingerprint="f", settings={}, machine={},
+                               versions={})
+    with Database(path, machine_fp="here") as db:  # opened for writing, it gains the table
+        first = db.start_model_run(model="mlp", fingerprint="f1", settings={"trials": 8},
+                                   machine={"cpu_model": "test cpu"}, versions={"eqsched": "0"})
+        second = db.start_model_run(model="bert", fingerprint="f2", settings={}, machine={},
+                                    versions={})
+        db.finish_model_run(first, status="interrupted", summary={"curve": [[4, 1e-3]]})
+        with pytest.raises(DatabaseError, match="has no model run 99"):
+            db.finish_model_run(99, status="done", summary={})
+        with pytest.raises(ValueError, match="run status 'over'"):
+            db.finish_model_run(second, status="over", summary={})
+        mlp, bert = db.model_runs()
+        assert (mlp["model"], mlp["fingerprint"], mlp["status"]) == ("mlp", "f1", "interrupted")
+        assert mlp["settings"] == {"trials": 8} and mlp["summary"] == {"curve": [[4, 1e-3]]}
+        assert mlp["machine_fp"] == "here" and mlp["pid"] == os.getpid()
+        assert mlp["finished_at"] >= mlp["started_at"] and bert["status"] == "running"
+        assert [r["id"] for r in db.model_runs("bert")] == [second]
+        # The runs of explorations know nothing of it: batch, report and compare read those.
+        assert len(db.runs()) == 1
+        assert db.export_jsonl(tmp_path / "x.jsonl") == 2  # a run and a measurement

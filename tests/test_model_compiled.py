@@ -213,3 +213,15 @@ def test_a_model_that_computes_nothing_returns_its_input():
     assert compiled.tasks == [] and compiled.native_calls == 0
     out = compiled({"x": np.array([-1.0, 0.5, 2.0])})
     np.testing.assert_array_equal(out["x"], np.array([-1.0, 0.5, 2.0], np.float32))
+
+
+def test_each_task_s_kernel_is_timed_alone_once_however_often_it_occurs():
+    model = get_model("bert_layer", seq=8, hidden=16, heads=2, ffn=32)
+    compiled = CompiledModel(model, options=ONE_THREAD)
+    times = compiled.time_tasks(repeats=2)
+    assert list(times) == [t.name for t in compiled.tasks]  # the projections' task once
+    assert max(t.weight for t in compiled.tasks) == 3 and all(s > 0 for s in times.values())
+    verdict = compiled.check(seed=3)  # the timing calls left the planned buffers usable
+    assert verdict.correct, verdict.message
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        compiled.time_tasks(repeats=0)

@@ -1,5 +1,8 @@
-"""The report: an HTML page whose every figure is a real PNG, from a database of explorations."""
+"""The report: an HTML page whose every figure is a real PNG, from a database of explorations,
+and a page per model tuned by tune-model."""
 
+import shutil
+import sqlite3
 import subprocess
 import sys
 import warnings
@@ -7,6 +10,7 @@ import warnings
 import pytest
 from conftest import small_search
 
+from eqsched.db import Database
 from eqsched.explore import Settings, explore
 
 pytest.importorskip("matplotlib")
@@ -14,6 +18,7 @@ pytest.importorskip("matplotlib")
 from eqsched.tools.report import (  # noqa: E402
     Exploration,
     ReportError,
+    latency_curve,
     plot_predictions,
     plot_progress,
     plot_standing,
@@ -85,10 +90,8 @@ def test_a_models_task_is_reported_without_numpy_or_space_pages(tmp_path, monkey
 
 
 def test_an_empty_or_foreign_database_is_one_line(tmp_path):
-    from eqsched.db import Database
-
     Database(tmp_path / "empty.db").close()
-    with pytest.raises(ReportError, match="no explorations"):
+    with pytest.raises(ReportError, match="holds no explorations or model runs to report"):
         write_report(tmp_path / "empty.db", tmp_path / "out")
     (tmp_path / "junk.db").write_text("not a database")
     done = subprocess.run([sys.executable, "-m", "eqsched", "report", "--db", "junk.db"],
@@ -132,3 +135,81 @@ def test_a_report_that_could_not_be_written_is_refused_before_it_is_built(db, tm
         f"eqsched: error: cannot write the report to {tmp_path / 'out' / 'index.html'}: it is "
         f"a directory"]
     assert list((tmp_path / "out").iterdir()) == [tmp_path / "out" / "index.html"]
+
+
+@pytest.fixture(scope="module")
+def model_db(tmp_path_factory):
+    """A tiny MLP tuned for one slice (its first task tuned, its second left at its default
+    schedule), recorded as a model run beside its tasks' explorations."""
+    from eqsched.model import get_model
+    from eqsched.tools.tune_model import tune_model
+
+    path = tmp_path_factory.mktemp("model") / "m.db"
+    model = get_model("mlp", batch=2, inputs=16, hidden=8, outputs=4)
+    result = tune_model(model, 8, db=path, threads=1, population=16)
+    assert result.correct, result.check
+    return path
+
+
+def test_a_model_gets_a_page_linked_from_the_index_with_each_task_before_and_after(
+        model_db, tmp_path):
+    report = write_report(model_db, tmp_path, numpy=False, space=False)
+    (model,) = report.models
+    assert (model["model"], model["runs"], model["status"], model["tasks"]) == ("mlp", 1,
+                                                                                "done", 2)
+    index = (tmp_path / "index.html").read_text()
+    assert f'<a href="{model["page"]}">mlp</a>' in index
+    page = (tmp_path / model["page"]).read_text()
+    assert '<a href="index.html">' in page
+    for task, kernel in (("matmul_add_relu", "database"), ("matmul_add", "default")):
+        row = page.split(f"<tr><td>{task}</td>")[1].split("</tr>")[0]
+        assert f"<td>{kernel}</td>" in row and row.count(" µs</td>") == 4  # before and after
+    assert "<th>total</th>" in page and "end to end" in page
+    pngs = [f for f in report.files if f.suffix == ".png"
+            and f.name.startswith(model["page"].removesuffix(".html"))]
+    assert sorted(f.name.rsplit("_", 1)[1] for f in pngs) == ["latency.png", "tasks.png"]
+    for f in pngs:
+        assert f.read_bytes().startswith(PNG) and f'src="{f.name}"' in page
+
+
+def test_the_latency_curve_starts_at_the_default_schedules_and_follows_the_objective():
+    run = {"summary": {
+        "tasks": [{"weight": 1, "default_kernel_s": 4.0}, {"weight": 3, "default_kernel_s": 1.0}],
+        "curve": [{"trials": 16, "best_s": [2.0, None]}, {"trials": 32, "best_s": [2.0, 0.5]}]}}
+    # A task not yet tuned counts at its default schedule's time.
+    assert latency_curve(run) == ([0, 16, 32], [4.0 + 3.0, 2.0 + 3.0, 2.0 + 1.5])
+    assert latency_curve({"summary": {}}) == ([], [])
+
+
+def test_model_runs_alone_make_a_report_and_two_graphs_of_one_name_two_pages(model_db,
+                                                                             tmp_path):
+    with Database(model_db, readonly=True) as db:
+        (tuned,) = db.model_runs()
+    with Database(tmp_path / "models.db") as db:
+        for fingerprint in ("aaaa", "bbbb"):
+            run = db.start_model_run(model="mlp", fingerprint=fingerprint,
+                                     settings=tuned["settings"], machine=tuned["machine"],
+                                     versions=tuned["versions"])
+            db.finish_model_run(run, status="done", summary=tuned["summary"])
+        # A run killed before it recorded anything: its page says so.
+        db.start_model_run(model="mlp", fingerprint="aaaa", settings=tuned["settings"],
+                           machine=tuned["machine"], versions=tuned["versions"])
+    done = subprocess.run([sys.executable, "-m", "eqsched", "report", "--db", "models.db",
+                           "--out", "out"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.strip().endswith("and 2 model pages")
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "Explorations" not in index and index.count('<a href="model_mlp_') == 2
+    page = (tmp_path / "out" / "model_mlp_aaaa.html").read_text()
+    assert page.count("<h3>") == 2 and "Nothing recorded" in page
+
+
+def test_an_older_database_without_model_runs_still_reports(db, tmp_path):
+    old = tmp_path / "old.db"
+    shutil.copy(db, old)
+    with sqlite3.connect(old) as conn:  # as written by an eqsched before model runs
+        conn.execute("DROP TABLE IF EXISTS model_runs")
+    conn.close()
+    report = write_report(old, tmp_path / "out", numpy=False, space=False)
+    assert report.models == [] and len(report.rows) == 2
+    assert "Models" not in (tmp_path / "out" / "index.html").read_text()

@@ -5,12 +5,15 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from test_cli import ENV, assert_one_line_error
 
-from eqsched.db import Database
-from eqsched.model import get_model, save_onnx
-from eqsched.tools.tune_model import load_model, tune_model
+from eqsched.db import Database, workload_key
+from eqsched.explore import computation_key
+from eqsched.model import ModelBuilder, get_model, save_onnx
+from eqsched.model.tasks import extract_tasks
+from eqsched.tools.tune_model import load_model, model_fingerprint, tune_model
 
 TINY_MLP = {"batch": 2, "inputs": 16, "hidden": 8, "outputs": 4}
 
@@ -36,6 +39,84 @@ def test_a_tuned_model_is_correct_end_to_end_and_a_rerun_measures_nothing(tmp_pa
     assert again.measured == 0 and again.correct
     with Database(db) as d:
         assert len(d.records()) == stored
+        runs = d.model_runs()
+    assert [r["id"] for r in runs] == [first.run_id, again.run_id]  # a re-run is a run too
+    assert [r["status"] for r in runs] == ["done", "done"]
+
+
+def test_the_model_run_records_the_curve_and_each_task_before_and_after(tmp_path):
+    model = get_model("mlp", **TINY_MLP)
+    result = tune_model(model, 24, db=tmp_path / "m.db", threads=1, population=16,
+                        scheduler="round-robin", seed=3)
+    with Database(tmp_path / "m.db", readonly=True) as d:
+        (run,) = d.model_runs("mlp")
+    assert (run["model"], run["fingerprint"]) == ("mlp", model_fingerprint(model))
+    assert run["settings"] == {"scheduler": "round-robin", "trials": 24, "seed": 3,
+                               "threads": 1, "target": "host", "population": 16}
+    assert run["versions"]["python"] and run["machine"]["cores"] >= 1
+    summary = run["summary"]
+    assert summary["latency_s"] == result.latency_s and summary["correct"] is True
+    assert summary["default_latency_s"] == result.default_latency_s
+    # A slice of 16 trials each: the first task, then the second with the 8 left.
+    curve = summary["curve"]
+    assert [(p["trials"], p["task"]) for p in curve] == [(16, "matmul_add_relu"),
+                                                        (24, "matmul_add")]
+    assert curve[0]["objective_s"] is None and curve[0]["best_s"][1] is None
+    assert curve[1]["objective_s"] == pytest.approx(
+        sum(t["weight"] * s for t, s in zip(summary["tasks"], curve[1]["best_s"])))
+    assert summary["tasks"] == result.tasks
+    # Each task under the key its measurements are stored under, its kernel timed alone
+    # with its default schedule and again as tuned.
+    keys = [workload_key(*computation_key(t.computation)) for t in extract_tasks(model)]
+    assert [t["key"] for t in summary["tasks"]] == keys
+    assert [t["trials"] for t in summary["tasks"]] == [16, 8]
+    for task in summary["tasks"]:
+        assert task["kernel"] in ("database", "default") and task["weight"] == 1
+        assert task["default_kernel_s"] > 0 and task["tuned_kernel_s"] > 0
+
+
+def test_an_interrupted_model_run_is_recorded_interrupted(tmp_path, monkeypatch):
+    from eqsched.compiled_model import CompiledModel
+
+    model = get_model("mlp", **TINY_MLP)
+    db = tmp_path / "m.db"
+
+    def stop_after_the_first_slice(event, data):
+        if event == "tasks":
+            raise KeyboardInterrupt
+
+    # Ctrl-C while tuning ends the rounds; the model is still compiled, checked and timed.
+    cut = tune_model(model, 24, db=db, threads=1, population=16,
+                     progress=stop_after_the_first_slice)
+    assert cut.interrupted and cut.correct and len(cut.curve) == 1
+
+    def interrupted_check(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    # Ctrl-C after tuning (here while checking) ends the call; the run keeps what it got to.
+    monkeypatch.setattr(CompiledModel, "check", interrupted_check)
+    with pytest.raises(KeyboardInterrupt):
+        tune_model(model, 16, db=db, threads=1, population=16)
+    with Database(db) as d:
+        first, second = d.model_runs()
+    assert first["status"] == second["status"] == "interrupted"
+    assert first["summary"]["interrupted"] is True and len(first["summary"]["curve"]) == 1
+    assert second["summary"]["default_latency_s"] > 0 and "latency_s" not in second["summary"]
+    assert [t["trials"] for t in second["summary"]["tasks"]] == [16, 0]
+
+
+def test_the_fingerprint_tells_two_graphs_of_one_name_apart_but_not_their_weights():
+    small, wide = get_model("mlp", **TINY_MLP), get_model("mlp", **{**TINY_MLP, "hidden": 16})
+    assert small.name == wide.name and model_fingerprint(small) != model_fingerprint(wide)
+
+    def scaled(matrix: float, scale: float):
+        b = ModelBuilder("scaled")
+        product = b.matmul(b.input("x", (2, 3)), b.weight("w", np.full((3, 4), matrix)))
+        return b.build(b.mul(product, b.weight("s", np.array(scale))))
+
+    # Another matrix changes no kernel; another one-element weight is folded into one.
+    assert model_fingerprint(scaled(1.0, 2.0)) == model_fingerprint(scaled(0.5, 2.0))
+    assert model_fingerprint(scaled(1.0, 2.0)) != model_fingerprint(scaled(1.0, 3.0))
 
 
 def test_the_command_tunes_an_onnx_file_and_prints_one_json_object(tmp_path):
@@ -48,6 +129,7 @@ def test_the_command_tunes_an_onnx_file_and_prints_one_json_object(tmp_path):
     assert {"model", "trials", "latency_s", "correct", "tasks"} <= set(out)
     assert out["correct"] is True and out["trials"] == 4 and out["scheduler"] == "round-robin"
     assert out["onnxruntime"].startswith("correct against onnxruntime")
+    assert out["run_id"] == 1 and out["curve"][-1]["trials"] == 4
     for task in out["tasks"]:
         assert {"name", "weight", "trials", "best_gflops", "latency_s"} <= set(task)
 

@@ -11,6 +11,11 @@ time per round; the size of each problem's space with each rule left out; and ea
 best program against numpy (timed now, one thread) and this machine's peak. The database is
 only read; the counts per rule (one saturation per rule) are cached beside the page.
 
+Each model tuned by `eqsched tune-model` (a name and graph fingerprint in the database's
+`model_runs`) gets a page of its own, linked from the index: every run's latency against trials
+on one plot (the scheduler's objective, with the model measured end to end before and after
+tuning), and per run a table and a bar plot of time per task before and after.
+
 See docs/ARCHITECTURE.md §12 The database.
 """
 
@@ -56,7 +61,8 @@ class Exploration:
 class Report:
     out_dir: Path
     files: list[Path]
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # one per exploration
+    models: list[dict[str, Any]] = field(default_factory=list)  # one per model, its page's row
 
 
 def _configuration(run: dict) -> tuple:
@@ -113,8 +119,12 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=110)
-    fig.clf()
+    # Closed, not only cleared: pyplot keeps every open figure, and warns on stderr past 20
+    # (a model page adds a figure per run).
+    plt.close(fig)
     return path
 
 
@@ -412,26 +422,300 @@ def plot_standing(plt: Any, exps: list[Exploration], numpy: dict[str, float | No
     return _save(fig, path)
 
 
+# ---- models ------------------------------------------------------------------------------------
+
+
+_UNSAFE_IN_FILE_NAMES = re.compile(r"[^\w.-]")
+
+
+@dataclass
+class ModelRuns:
+    """Every recorded run of one model (`tools.tune_model`): one name and graph fingerprint, so
+    two different models of one name get two pages; oldest run first."""
+
+    model: str
+    fingerprint: str
+    runs: list[dict]
+
+    @property
+    def page(self) -> str:
+        """The file name of its page (a model's name may be any ONNX file's)."""
+        return _UNSAFE_IN_FILE_NAMES.sub("_", f"model_{self.model}_{self.fingerprint}") + ".html"
+
+
+def model_runs(db: Database) -> list[ModelRuns]:
+    groups: dict[tuple[str, str], ModelRuns] = {}
+    for run in db.model_runs():
+        key = (run["model"], run["fingerprint"])
+        groups.setdefault(key, ModelRuns(*key, [])).runs.append(run)
+    return sorted(groups.values(), key=lambda g: (g.model, g.fingerprint))
+
+
+def _model_run_label(run: dict) -> str:
+    s = run["settings"]
+    threads = s.get("threads")
+    return (f"run {run['id']}: {s.get('scheduler')}, {s.get('trials')} trials, seed "
+            f"{s.get('seed')}, {threads} thread{'s' * (threads != 1)}, target {s.get('target')}, "
+            f"population {s.get('population')}"
+            + ("" if run["status"] == "done" else f" ({run['status']})"))
+
+
+def latency_curve(run: dict) -> tuple[list[int], list[float]]:
+    """The run's tuning curve as (trials, seconds): at 0 trials every task's default schedule,
+    then after each slice the scheduler's objective (sum of weight x best latency), a task not
+    yet tuned counting at its default schedule's time so the curve is defined from the start.
+    Empty when the run recorded no default times (it stopped before timing them)."""
+    tasks = run["summary"].get("tasks", [])
+    default = [t.get("default_kernel_s") for t in tasks]
+    if not tasks or None in default:
+        return [], []
+    weights = [t["weight"] for t in tasks]
+    xs, ys = [0], [sum(w * d for w, d in zip(weights, default))]
+    for point in run["summary"].get("curve", []):
+        xs.append(point["trials"])
+        ys.append(sum(w * (b if b is not None else d)
+                      for w, b, d in zip(weights, point["best_s"], default)))
+    return xs, ys
+
+
+def plot_model_latency(plt: Any, group: ModelRuns, path: Path) -> Path:
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    width, styles = 7.0, ("-", "--", ":", "-.")  # lines that coincide stay visible
+    curves = [latency_curve(run) for run in group.runs]
+    seconds = [y for _, ys in curves for y in ys] + [
+        run["summary"][k] for run in group.runs for k in ("default_latency_s", "latency_s")
+        if run["summary"].get(k)]
+    scale, unit = _time_unit(seconds or [1e-3])
+    labels = [_wrap(_model_run_label(run) + ("" if xs else ", nothing recorded"), width - 0.8,
+                    LABEL_PT) for run, (xs, _) in zip(group.runs, curves)]
+    fig, axes = _figure(plt, width, 4.0 + (_lines(labels) + 1) * LABEL_PT * LINE_IN)
+    ax = axes[0, 0]
+    for n, (run, (xs, ys), label) in enumerate(zip(group.runs, curves, labels)):
+        # A point per slice: the objective once that slice was measured.
+        line, = ax.plot(xs, [y * scale for y in ys], marker=".", ls=styles[n % len(styles)],
+                        lw=1.6, label=label)
+        s = run["summary"]
+        if s.get("default_latency_s"):
+            ax.plot([0], [s["default_latency_s"] * scale], "o", mfc="none", ms=8,
+                    color=line.get_color())
+        if s.get("latency_s"):
+            ax.plot([s.get("trials", xs[-1] if xs else 0)], [s["latency_s"] * scale], "D",
+                    ms=7, color=line.get_color())
+    ax.set_title(f"{group.model}: latency against trials", fontsize=TITLE_PT)
+    ax.set(xlabel="trials (all tasks)", ylabel=f"latency ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=LABEL_PT)
+    ax.grid(alpha=0.3)
+    handles, texts = ax.get_legend_handles_labels()
+    marks = [Line2D([], [], ls="none", marker="o", mfc="none", ms=8, color="grey"),
+             Line2D([], [], ls="none", marker="D", ms=7, color="grey")]
+    fig.legend(handles + marks, texts + ["end to end, default schedules",
+                                         "end to end, tuned"],
+               fontsize=LABEL_PT, loc="outside lower center")
+    return _save(fig, path)
+
+
+def task_times(run: dict) -> list[dict[str, Any]]:
+    """One row per task of a run: its time alone with its default schedule and as tuned, each
+    also times its weight and as a share of the weighted total (None where not timed)."""
+    tasks = run["summary"].get("tasks", [])
+    rows = []
+    for when in ("default", "tuned"):
+        times = [t.get(f"{when}_kernel_s") for t in tasks]
+        total = None if None in times or not times else sum(
+            t["weight"] * s for t, s in zip(tasks, times))
+        for n, (task, s) in enumerate(zip(tasks, times)):
+            if when == "default":
+                rows.append({k: task.get(k) for k in ("name", "weight", "flops", "trials",
+                                                      "kernel")})
+            weighted = None if s is None else task["weight"] * s
+            rows[n].update({f"{when}_s": s, f"{when}_weighted_s": weighted,
+                            f"{when}_share": weighted / total if total else None})
+    return rows
+
+
+def plot_task_times(plt: Any, model: str, run: dict, path: Path) -> Path:
+    rows = task_times(run)
+    labels = [f"{r['name']} ×{r['weight']:g}" for r in rows]
+    label_in = _text_width(labels, LABEL_PT)
+    width = label_in + 6.0
+    row_in = 0.55
+    fig, axes = _figure(plt, width, len(rows) * row_in + 1.5)
+    ax = axes[0, 0]
+    times = [r[k] for r in rows for k in ("default_weighted_s", "tuned_weighted_s")
+             if r[k] is not None]
+    scale, unit = _time_unit(times or [1e-3])
+    for n, (when, color) in enumerate((("default", "tab:grey"), ("tuned", "tab:blue"))):
+        values = [r[f"{when}_weighted_s"] for r in rows]
+        y = [i + (n - 0.5) * 0.4 for i in range(len(rows))]
+        bars = ax.barh(y, [v * scale if v is not None else 0.0 for v in values], height=0.36,
+                       color=color, label=f"{when} schedule" if when == "default" else when)
+        ax.bar_label(bars, [f"{v * scale:.3g}" if v is not None else "not timed"
+                            for v in values], padding=3, fontsize=LABEL_PT - 1)
+    value_in = _text_width(["not timed"], LABEL_PT - 1)
+    top = max(times) * scale if times else 1.0
+    ax.set_xlim(0, _room_for_labels(0, top, value_in, width - label_in - 0.8, log=False))
+    ax.set_yticks(range(len(rows)), labels, fontsize=LABEL_PT)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first task on top
+    ax.set_xlabel(f"weight × kernel time alone ({unit})", fontsize=LABEL_PT)
+    ax.tick_params(axis="x", labelsize=LABEL_PT)
+    fig.suptitle(f"{model}, run {run['id']}: time per task before and after tuning",
+                 fontsize=TITLE_PT)
+    _legend(ax, fig, loc="outside lower center", ncols=2, frameon=False)
+    return _save(fig, path)
+
+
+def write_model_page(plt: Any, group: ModelRuns, out: Path, here: str) -> tuple[list[Path],
+                                                                                  dict]:
+    """`out`/<group.page> and its PNGs; returns the files and the model's row of the index."""
+    stem = group.page.removesuffix(".html")
+    curve = plot_model_latency(plt, group, out / f"{stem}_latency.png")
+    sections = []
+    files = [out / group.page, curve]
+    for run in group.runs:
+        bars = None
+        if run["summary"].get("tasks"):  # else a run that ended before it recorded anything
+            bars = plot_task_times(plt, group.model, run,
+                                   out / f"{stem}_run{run['id']}_tasks.png")
+            files.append(bars)
+        sections.append(_run_section(run, bars, here))
+    runs = "".join("<tr>" + "".join(f"<td>{v}</td>" for v in _model_run_cells(run)) + "</tr>"
+                   for run in group.runs)
+    head = ("run", "status", "scheduler", "trials", "seed", "threads", "target", "population",
+            "started", "end to end, default", "end to end, tuned", "× faster", "check")
+    body = f"""<p><a href="index.html">report index</a></p>
+<h1>{html.escape(group.model)}</h1>
+<p>Model graph fingerprint <code>{html.escape(group.fingerprint)}</code>: every run on this
+page tuned this graph. End-to-end latencies are medians of whole-model calls, measured in the
+tuning process.</p>
+<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{runs}</table>
+<h2>Latency against trials</h2>
+<p>Each line is one run: the scheduler's objective, the sum over tasks of weight × best
+latency, after each slice of trials, a task not yet tuned counting at its default schedule's
+time (timed alone before tuning; the line's start). The circle is the whole model measured end
+to end with every task's default schedule, the diamond after tuning: the gap between them and
+the line is what the objective leaves out (the calls between kernels, and each kernel timed alone
+rather than within the model).</p>
+<p><img src="{curve.name}" alt="{html.escape(curve.stem)}"></p>
+<h2>Time per task before and after</h2>
+<p>Each task's kernel timed alone on its planned buffers (median of calls), with its default
+schedule before tuning and with the kernel the model runs after (kernel: where that came from,
+the database, or a default schedule when no tuned program was found); weight is how many times
+the model runs it, share its part of the model's weighted kernel time. The total row sets the
+weighted kernel times beside the whole model measured end to end.</p>
+{''.join(sections)}"""
+    (out / group.page).write_text(_page(f"eqsched report: {group.model}", body))
+    last = group.runs[-1]["summary"]
+    row = {"model": group.model, "fingerprint": group.fingerprint, "page": group.page,
+           "runs": len(group.runs), "status": group.runs[-1]["status"],
+           "tasks": len(last.get("tasks", [])), "default_latency_s": last.get("default_latency_s"),
+           "latency_s": last.get("latency_s"), "correct": last.get("correct")}
+    return files, row
+
+
+def _model_run_cells(run: dict) -> list[str]:
+    s, summary = run["settings"], run["summary"]
+    before, after = summary.get("default_latency_s"), summary.get("latency_s")
+    return [str(run["id"]), html.escape(run["status"])] + [
+        _cell(s.get(k)) for k in ("scheduler", "trials", "seed", "threads", "target",
+                                  "population")] + [
+        time.strftime("%Y-%m-%d %H:%M", time.localtime(run["started_at"])),
+        _seconds(before), _seconds(after), _cell(before / after if before and after else None),
+        html.escape("; ".join(filter(None, (summary.get("check"), summary.get("onnxruntime"))))
+                    or summary.get("error") or "–")]
+
+
+def _run_section(run: dict, bars: Path | None, here: str) -> str:
+    title = f"<h3>{html.escape(_model_run_label(run))}</h3>"
+    if bars is None:
+        return f"{title}<p>Nothing recorded: the run ended before it timed its tasks.</p>"
+    rows = task_times(run)
+    summary = run["summary"]
+    before, after = summary.get("default_latency_s"), summary.get("latency_s")
+    weighted = {when: [r[f"{when}_weighted_s"] for r in rows] for when in ("default", "tuned")}
+    totals = {when: None if None in ws or not ws else sum(ws) for when, ws in weighted.items()}
+    times = [r[k] for r in rows for k in ("default_s", "tuned_s") if r[k] is not None] + [
+        t for t in (before, after, *totals.values()) if t is not None]
+    scale, unit = _time_unit(times or [1e-3])
+
+    def at(seconds: float | None) -> str:
+        return "–" if seconds is None else f"{seconds * scale:.3g} {unit}"
+
+    def share(part: float | None) -> str:
+        return "–" if part is None else f"{part:.0%}"
+
+    def faster(default: float | None, tuned: float | None) -> str:
+        return _cell(default / tuned if default and tuned else None)
+
+    head = ("task", "weight", "FLOPs", "trials", "kernel", "default", "tuned", "× faster",
+            "weight × default", "weight × tuned", "share before", "share after")
+    body = "".join(
+        "<tr>" + "".join(f"<td>{v}</td>" for v in (
+            html.escape(r["name"]), _cell(r["weight"]), _cell(r["flops"]), _cell(r["trials"]),
+            _cell(r["kernel"]), at(r["default_s"]), at(r["tuned_s"]),
+            faster(r["default_s"], r["tuned_s"]), at(r["default_weighted_s"]),
+            at(r["tuned_weighted_s"]), share(r["default_share"]), share(r["tuned_share"])))
+        + "</tr>" for r in rows)
+    total = ("<tr><th>total</th>" + "<td></td>" * 3 + "<td>end to end:</td>"
+             + "".join(f"<td>{v}</td>" for v in (
+                 at(before), at(after), faster(before, after), at(totals["default"]),
+                 at(totals["tuned"]))) + "<td></td>" * 2 + "</tr>")
+    elsewhere = "" if run["machine_fp"] == here else (
+        "<p>Measured on another machine than this one.</p>")
+    return f"""{title}{elsewhere}
+<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}{total}</table>
+<p><img src="{bars.name}" alt="{html.escape(bars.stem)}"></p>
+"""
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value * 1e3:.3g} ms"
+
+
 # ---- the page ---------------------------------------------------------------------------------
 
 
 def write_report(db_path: str | Path, out_dir: str | Path, numpy: bool = True,
                  space: bool = True) -> Report:
-    """Write `out_dir`/index.html and its PNGs from the database at `db_path`."""
+    """Write `out_dir`/index.html and its PNGs from the database at `db_path`, and a page per
+    recorded model (`write_model_page`) linked from it."""
     plt = _pyplot()
     from ..db import machine_fingerprint
     from ..machine import facts
 
     with Database(db_path, readonly=True) as db:
         exps = explorations(db)
-    if not exps:
-        raise ReportError(f"{db_path} holds no explorations to report")
+        models = model_runs(db)
+    if not exps and not models:
+        raise ReportError(f"{db_path} holds no explorations or model runs to report")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ReportError(f"cannot create {out}: {e.strerror}") from None
     here = machine_fingerprint()
+    sections, numpy_at = _exploration_sections(plt, exps, out, numpy, space, here) if exps \
+        else ([], {})
+    model_files, model_rows = [], []
+    for group in models:
+        files, row = write_model_page(plt, group, out, here)
+        model_files += files
+        model_rows.append(row)
+    rows = [_row(e, numpy_at.get(e.key)) for e in exps]
+    page = _html(str(db_path), facts(), rows, sections, model_rows)
+    (out / "index.html").write_text(page)
+    written = [out / "index.html"] + [f for _, _, fs in sections for f in fs] + model_files
+    return Report(out, written, rows, model_rows)
+
+
+def _exploration_sections(plt: Any, exps: list[Exploration], out: Path, numpy: bool,
+                          space: bool, here: str
+                          ) -> tuple[list[tuple[str, str, list[Path]]], dict[str, float | None]]:
+    """The index's figures of explorations, as (title, caption, PNGs), and numpy's GFLOPS per
+    problem where it was timed."""
     problems = _by_problem(exps)
     sections: list[tuple[str, str, list[Path]]] = []
     files = [plot_progress(plt, k, g, out / f"progress_{_slug(k)}.png")
@@ -459,11 +743,7 @@ def write_report(db_path: str | Path, out_dir: str | Path, numpy: bool = True,
                      "numpy's implementation of the same computation, timed now on one thread "
                      "(green), and the measured FMA peak of the cores the program used (grey).",
                      [plot_standing(plt, exps, numpy_at, out / "standing.png")]))
-    rows = [_row(e, numpy_at.get(e.key)) for e in exps]
-    page = _html(str(db_path), facts(), rows, sections)
-    (out / "index.html").write_text(page)
-    written = [out / "index.html"] + [f for _, _, fs in sections for f in fs]
-    return Report(out, written, rows)
+    return sections, numpy_at
 
 
 def _row(e: Exploration, numpy: float | None) -> dict[str, Any]:
@@ -485,26 +765,54 @@ def _cell(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else html.escape(str(value))
 
 
-def _html(db_path: str, machine: dict, rows: list[dict], sections: list) -> str:
-    head = ("problem", "target", "configuration", "runs", "status", "trials", "measured",
-            "best GFLOPS", "% of peak", "× numpy", "× naive", "wall s")
-    table = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r.values()) + "</tr>"
-                    for r in rows)
+def _html(db_path: str, machine: dict, rows: list[dict], sections: list,
+          models: list[dict]) -> str:
+    models_part = ""
+    if models:
+        head = ("model", "graph fingerprint", "runs", "last run", "tasks",
+                "end to end, default", "end to end, tuned", "× faster", "correct")
+        table = "".join(
+            f'<tr><td><a href="{html.escape(m["page"])}">{html.escape(m["model"])}</a></td>'
+            + "".join(f"<td>{v}</td>" for v in (
+                f"<code>{html.escape(m['fingerprint'])}</code>", m["runs"],
+                html.escape(m["status"]), m["tasks"], _seconds(m["default_latency_s"]),
+                _seconds(m["latency_s"]),
+                _cell(m["default_latency_s"] / m["latency_s"]
+                      if m["default_latency_s"] and m["latency_s"] else None),
+                _cell(m["correct"]))) + "</tr>" for m in models)
+        models_part = (f"<h2>Models</h2><p>Each model tuned by <code>eqsched tune-model</code> "
+                       f"has a page: its latency against trials and each task's time before "
+                       f"and after tuning, for every run (the figures here are its last "
+                       f"run's).</p><table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>"
+                       f"{table}</table>")
+    explorations_part = ""
+    if rows:
+        head = ("problem", "target", "configuration", "runs", "status", "trials", "measured",
+                "best GFLOPS", "% of peak", "× numpy", "× naive", "wall s")
+        table = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r.values()) + "</tr>"
+                        for r in rows)
+        explorations_part = (f"<h2>Explorations</h2><table><tr>"
+                             f"{''.join(f'<th>{h}</th>' for h in head)}</tr>{table}</table>")
     body = "".join(
         f"<h2>{html.escape(title)}</h2><p>{html.escape(caption)}</p>"
         + "".join(f'<p><img src="{f.name}" alt="{html.escape(f.stem)}"></p>' for f in files)
         for title, caption, files in sections)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>eqsched report: {html.escape(db_path)}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:auto}}
-table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px}}
-img{{max-width:100%}}</style></head><body>
-<h1>eqsched report</h1>
+    return _page(f"eqsched report: {db_path}", f"""<h1>eqsched report</h1>
 <p>Database <code>{html.escape(db_path)}</code>; this machine: {html.escape(str(
         machine.get('cpu_model')))}, {machine.get('cores')} cores, LLVM CPU
 {html.escape(str(machine.get('llvm_cpu_name')))}; each exploration's target (what its code was
 compiled for) is in the table.</p>
-<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{table}</table>
+{models_part}
+{explorations_part}
+{body}""")
+
+
+def _page(title: str, body: str) -> str:
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:auto}}
+table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px}}
+img{{max-width:100%}}</style></head><body>
 {body}
 </body></html>
 """
@@ -537,7 +845,11 @@ def _cmd_report(args: Any) -> int:
     except OSError as e:  # a disk that filled up on the way
         raise CliError(f"cannot write the report to {args.out} ({e.strerror})") from None
     if args.json:
-        print(json.dumps({"files": [str(f) for f in report.files], "rows": report.rows}))
+        print(json.dumps({"files": [str(f) for f in report.files], "rows": report.rows,
+                          "models": report.models}))
     else:
-        print(f"wrote {report.files[0]} and {len(report.files) - 1} plots")
+        pages = sum(f.suffix == ".html" for f in report.files) - 1
+        plots = sum(f.suffix == ".png" for f in report.files)
+        print(f"wrote {report.files[0]}, {plots} plots" + (
+            f" and {pages} model page{'s' * (pages != 1)}" if pages else ""))
     return 0

@@ -13,23 +13,38 @@ global budget across them (`task_tuning.tune_tasks`), and the tuned kernels, tak
 database, are composed into one `CompiledModel`, checked end to end against the numpy evaluation
 of the graph (and against onnxruntime for an ONNX model, when it is installed) and timed. A
 re-run on the same database measures nothing it measured before. Before tuning, the model is
-compiled and timed once with every task's default schedule, so the result says what tuning bought.
+compiled and timed once with every task's default schedule, so the result says what tuning bought;
+each task's kernel is also timed alone, before and after.
+
+Each call is recorded in the database as a model run (`Database.start_model_run`): the model's
+name and graph fingerprint, the settings, machine and versions, the tuning curve (after each
+slice: trials so far, the task tuned, each task's best latency and the scheduler's objective),
+the end-to-end latencies and check, and per task its key, weight, FLOPs, trials, kernel times
+before and after and where its kernel came from. A re-run records a second run; an interrupted
+one is recorded `interrupted` with what it got to. `eqsched report` gives each model a page.
 
 See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..args import TARGET_HELP, CliError, seed_arg
 from ..backend import CompileOptions
 from ..backend.target import Target, TargetError
 from ..model import Model, ModelError
+
+if TYPE_CHECKING:
+    from ..db import Database
+    from ..model.tasks import ModelTask
+    from ..trials import Settings
 
 TIMED_CALLS = 20  # end-to-end calls whose median is the model's latency
 
@@ -37,8 +52,11 @@ TIMED_CALLS = 20  # end-to-end calls whose median is the model's latency
 @dataclass
 class ModelTuningResult:
     """What `tune_model` did: the model's end-to-end latency (median seconds) with its default
-    schedules and after tuning, the end-to-end checks, and each task's row of the scheduler's
-    table (name, weight, trials, best GFLOPS, latency), plus where its kernel came from."""
+    schedules and after tuning, the end-to-end checks, each task's row of the scheduler's table
+    (name, weight, FLOPs, trials, best GFLOPS, latency) with its database key, where its kernel
+    came from and its kernel's time alone before and after tuning, the tuning curve (a point
+    after each slice: trials so far, the task tuned, each task's best latency and the
+    scheduler's objective), and the id of the model run recorded in the database."""
 
     model: str
     scheduler: str
@@ -51,13 +69,16 @@ class ModelTuningResult:
     onnxruntime: str | None
     tasks: list[dict[str, Any]] = field(default_factory=list)
     interrupted: bool = False
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    run_id: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "scheduler": self.scheduler, "trials": self.trials,
                 "measured": self.measured, "latency_s": self.latency_s,
                 "default_latency_s": self.default_latency_s, "correct": self.correct,
                 "check": self.check, "onnxruntime": self.onnxruntime,
-                "interrupted": self.interrupted, "tasks": self.tasks}
+                "interrupted": self.interrupted, "tasks": self.tasks, "curve": self.curve,
+                "run_id": self.run_id}
 
 
 def load_model(spec: str, params: dict[str, int] | None = None) -> Model:
@@ -76,40 +97,124 @@ def load_model(spec: str, params: dict[str, int] | None = None) -> Model:
     return get_model(spec, **(params or {}))
 
 
+def model_fingerprint(model: Model) -> str:
+    """A short hash of what a model's tuning depends on, so that two models of one name are never
+    taken for one: its graph as `str(model)` lists it (inputs, weights' shapes, nodes with their
+    operators' attributes and shapes, outputs) and its one-element weights' values, which tasks
+    fold into their kernels. Other weights' values change no kernel and no time."""
+    scalars = {k: float(w.reshape(-1)[0]) for k, w in sorted(model.weights.items())
+               if w.size == 1}
+    text = f"{model}\n{json.dumps(scalars, sort_keys=True)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
                db: str | Path = "eqsched.db", seed: int = 0, threads: int | None = None,
                target: str | None = None, population: int | None = None,
                onnx_source: str | Path | None = None, progress: Any = None) -> ModelTuningResult:
     """Tune `model`'s tasks for `trials` in all and compile, check and time it end to end (see
-    the module docstring). `onnx_source`: the file an imported model came from, which
-    onnxruntime runs for the second check."""
-    from ..compiled_model import CompiledModel
+    the module docstring), recorded in the database as a model run. `onnx_source`: the file an
+    imported model came from, which onnxruntime runs for the second check."""
+    from .. import machine
+    from ..db import Database, DatabaseError, workload_key
+    from ..explore import POPULATION, check_population, computation_key
     from ..model.tasks import extract_tasks
-    from ..task_tuning import Task, tune_tasks
-    from ..trials import Settings
+    from ..task_scheduler import get_scheduler
+    from ..trials import Settings, check_seed
 
     settings = Settings(threads=threads, target=target or "host")
     options = CompileOptions(threads=settings.options().thread_count,
                              target=Target.parse(settings.target))
+    population = POPULATION if population is None else population
+    # Bad settings are refused before a run is recorded: it would only be a failed one.
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    get_scheduler(scheduler, seed)
+    check_population(population)
+    check_seed(seed)
     model_tasks = extract_tasks(model)
+    facts = machine.describe()
+    with Database(db) as database:
+        run_id = database.start_model_run(
+            model=model.name, fingerprint=model_fingerprint(model),
+            settings={"scheduler": scheduler, "trials": trials, "seed": seed,
+                      "threads": options.thread_count, "target": options.target.spec,
+                      "population": population},
+            machine=facts, versions=facts.get("versions", {}))
+        # Filled in as the run goes, so an interrupted or failed run records what it got to.
+        summary: dict[str, Any] = {
+            "curve": [], "tasks": [{"name": t.name, "key": workload_key(
+                *computation_key(t.computation)), "weight": t.weight, "flops": t.flops}
+                for t in model_tasks]}
+        try:
+            result = _tune_and_run(model, model_tasks, trials, summary, database,
+                                   options=options, settings=settings, scheduler=scheduler,
+                                   seed=seed, population=population, onnx_source=onnx_source,
+                                   progress=progress)
+        except BaseException as err:
+            interrupted = isinstance(err, KeyboardInterrupt)
+            if not interrupted:
+                summary["error"] = f"{type(err).__name__}: {err}".splitlines()[0]
+            # The error being raised is the one to report, not a failure to record it.
+            with contextlib.suppress(DatabaseError):
+                database.finish_model_run(run_id, status="interrupted" if interrupted
+                                          else "failed", summary=summary)
+            raise
+        database.finish_model_run(run_id, status="interrupted" if result.interrupted
+                                  else "done", summary=summary)
+    result.run_id = run_id
+    return result
+
+
+def _tune_and_run(model: Model, model_tasks: list[ModelTask], trials: int,
+                  summary: dict[str, Any], database: Database, *, options: CompileOptions,
+                  settings: Settings, scheduler: str,
+                  seed: int, population: int, onnx_source: str | Path | None,
+                  progress: Any) -> ModelTuningResult:
+    """`tune_model`'s work on an open database, writing what it measures into `summary` (its
+    task rows, in the tasks' order, and the curve) as it goes."""
+    from ..compiled_model import CompiledModel
+    from ..task_tuning import Task, tune_tasks
+
+    rows = summary["tasks"]
+
+    def recording(event: str, data: dict[str, Any]) -> None:
+        if event == "tasks":
+            best = [row["latency_s"] for row in data["rows"]]
+            weighted = [row["weighted_latency_s"] for row in data["rows"]]
+            summary["curve"].append({
+                "trials": data["trials"], "task": data["task"], "best_s": best,
+                "objective_s": None if None in weighted else sum(weighted)})
+        if progress is not None:
+            progress(event, data)
+
     default = CompiledModel(model, options=options, tasks=model_tasks)
-    default_latency = default.time(TIMED_CALLS)
+    summary["default_latency_s"] = default_latency = default.time(TIMED_CALLS)
+    default_kernel_s = default.time_tasks(TIMED_CALLS)
+    for row in rows:
+        row["default_kernel_s"] = default_kernel_s[row["name"]]
     tuned = tune_tasks([Task(t.name, t.computation, t.weight) for t in model_tasks], trials,
-                       scheduler=scheduler, db=db, seed=seed, settings=settings,
-                       progress=progress,
-                       **({} if population is None else {"population": population}))
-    compiled = CompiledModel(model, db=db, options=options, tasks=model_tasks)
+                       scheduler=scheduler, db=database, seed=seed, settings=settings,
+                       population=population, progress=recording)
+    for row, table_row in zip(rows, tuned.tasks):
+        row.update({k: table_row[k] for k in ("trials", "best_gflops", "latency_s",
+                                              "weighted_latency_s", "done")})
+    summary["objective_s"] = tuned.objective_s
+    compiled = CompiledModel(model, db=database, options=options, tasks=model_tasks)
     verdict = compiled.check(seed=seed)
     against_ort = compiled.check_onnxruntime(onnx_source, seed=seed)
-    sources = {k.task.name: k.source for k in compiled.kernels.values()}
-    rows = [{"name": row["name"], "weight": row["weight"], "flops": row["flops"],
-             "trials": row["trials"], "best_gflops": row["best_gflops"],
-             "latency_s": row["latency_s"], "weighted_latency_s": row["weighted_latency_s"],
-             "done": row["done"], "kernel": sources.get(row["name"])} for row in tuned.tasks]
+    latency = compiled.time(TIMED_CALLS)
+    tuned_kernel_s = compiled.time_tasks(TIMED_CALLS)
+    for row in rows:
+        row["kernel"] = compiled.kernels[row["name"]].source
+        row["tuned_kernel_s"] = tuned_kernel_s[row["name"]]
     correct = bool(verdict) and against_ort.correct is not False
-    return ModelTuningResult(model.name, tuned.scheduler, tuned.trials, tuned.measured,
-                             compiled.time(TIMED_CALLS), default_latency, correct,
-                             verdict.message, against_ort.message, rows, tuned.interrupted)
+    result = ModelTuningResult(model.name, tuned.scheduler, tuned.trials, tuned.measured,
+                               latency, default_latency, correct, verdict.message,
+                               against_ort.message, rows, tuned.interrupted, summary["curve"])
+    summary.update({k: v for k, v in result.to_json().items() if k not in ("tasks", "curve",
+                                                                             "run_id")})
+    return result
 
 
 # ---- the command ------------------------------------------------------------------------------
@@ -184,5 +289,6 @@ def _cmd_tune_model(args: Any) -> int:
         print(f"{result.model}: {result.latency_s * 1e3:.3f} ms end to end after "
               f"{result.trials} trials ({result.measured} measured now), "
               f"{result.default_latency_s * 1e3:.3f} ms with default schedules; "
-              f"{result.check}" + (f"; {result.onnxruntime}" if result.onnxruntime else ""))
+              f"{result.check}" + (f"; {result.onnxruntime}" if result.onnxruntime else "")
+              + f"; recorded as model run {result.run_id} in {args.db}")
     return 0 if result.correct else 1
