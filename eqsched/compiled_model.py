@@ -11,15 +11,19 @@ else a default schedule) called at each place the task occurs, over buffers plan
 Tasks come from `model.tasks.extract_tasks`. A task's program is looked up under `task_key` (the
 key its tuning stores measurements under): the fastest correct record for the compile target and
 thread count (`best_record`), its trace replayed on the task's naive program. A task never tuned
-(or tuned for another target) runs `default_program`: the naive program with each nest's
+(or tuned for another target) runs its `default_schedule`: the naive program with each nest's
 innermost stored axis moved innermost and vectorized where legality allows, so an untuned model
-still runs, and runs sensibly.
+still runs, and runs sensibly. Task tuning measures that schedule as each task's first trial, so
+a tuned task's best record is never slower than it.
 
-Buffers: weights are bound once (aligned copies); each value computed by one task and read by
-another gets an aligned buffer at construction, and a buffer whose value has no reader left is
-reused by a later value that fits in it (never by an output of the task reading it: kernels'
-pointers are `noalias`). Model outputs get buffers of their own, copied out on each call. The
-threads and the target are the compile options', as everywhere in the backend.
+Buffers: weights are bound once (aligned copies); each input, and each value computed by one
+task and read by another, gets an aligned buffer at construction, and a buffer whose value has no
+reader left is reused by a later value that fits in it (never by an output of the task reading
+it: kernels' pointers are `noalias`). Model outputs get buffers of their own. Every kernel call is
+bound to its buffers once, in a `backend.chain.Chain`: a model call copies the inputs in, runs
+the whole model by one native call (on one thread; a parallel loop split among threads adds its
+own) and copies the outputs out. The threads and the target are the compile options', as
+everywhere in the backend.
 
 See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
@@ -37,14 +41,16 @@ from typing import Any
 import numpy as np
 
 from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, compile_program
+from .backend.chain import Chain
 from .db import Database, Record
+from .default_schedule import default_schedule
 from .explore import computation_key
-from .ir import Block, Loop, Program, naive_program
+from .ir import Program, naive_program
 from .model.graph import Model
 from .model.op import ModelError, f32
 from .model.tasks import ModelTask, extract_tasks
 from .reference import compare
-from .schedule import Schedule, ScheduleError
+from .schedule import Schedule
 from .te import Computation
 
 # rtol and atol (`reference.compare`, atol relative to each output's largest magnitude): float32
@@ -72,37 +78,6 @@ def best_record(database: Database, comp: Computation, options: CompileOptions
     return min(usable, key=lambda r: r.median_s, default=None)
 
 
-def default_program(comp: Computation, lanes: int) -> Program:
-    """The naive program with, in each nest, the loop of the innermost stored axis moved
-    innermost (past a reduction's axes) and vectorized `lanes` wide (split when longer), kept
-    only when legal: the schedule a task nobody tuned runs."""
-    sch = Schedule(naive_program(comp))
-    for root in sch.program.body:
-        chain, node = [], root
-        while isinstance(node, Loop) and len(node.body) == 1:
-            chain.append(node)
-            node = node.body[0]
-        if not isinstance(node, Block) or not chain:
-            continue
-        spatial = [a.name for a in node.axes if a.kind == "spatial"]
-        loop = next((lp for lp in chain if spatial and lp.name.endswith(f".{spatial[-1]}")), None)
-        if loop is None:
-            continue
-        trial = sch.fork()
-        try:
-            if chain[-1].name != loop.name:
-                trial.reorder(chain[-1].name, loop.name)
-            if loop.extent > lanes:
-                trial.split(loop.name, [-1, lanes])
-                trial.vectorize(f"{loop.name}.1")
-            else:
-                trial.vectorize(loop.name)
-        except ScheduleError:
-            continue  # e.g. a gathered store: this nest stays as it is
-        sch = trial
-    return sch.program
-
-
 @dataclass(frozen=True)
 class TaskKernel:
     """A task's compiled program and where it came from: "database" (with the stored median
@@ -128,12 +103,6 @@ class Verdict:
         return bool(self.correct)
 
 
-@dataclass
-class _Call:
-    kernel: Kernel
-    args: list[np.ndarray | str]  # a planned array, or the name of a model input
-
-
 class CompiledModel:
     """`model` compiled task by task (see the module docstring); call it on a mapping of input
     name to array. `db` (a path or an open Database) supplies tuned programs; without it every
@@ -153,8 +122,12 @@ class CompiledModel:
             if database is not None and database is not db:
                 database.close()
         self._weights = {k: aligned_copy(w.reshape(-1)) for k, w in model.weights.items()}
+        # Each input is copied into a buffer of its own on every call: the kernels were tuned
+        # on aligned arrays, and a call then hands the chain nothing (its addresses are fixed).
+        self._inputs = {k: aligned_empty(s) for k, s in model.inputs.items()}
         self._buffers: list[np.ndarray] = []  # every planned buffer, once
-        self._calls, self._outputs = self._plan()
+        self._calls, self._outputs = self._plan()  # kernel calls in running order, with arrays
+        self._chain = Chain(self._calls)
 
     def _kernel(self, task: ModelTask, database: Database | None) -> TaskKernel:
         comp = task.computation
@@ -166,11 +139,11 @@ class CompiledModel:
                                  f"{record.program_hash} rebuilds another program")
             return TaskKernel(task, program, compile_program(program, self.options), "database",
                               record.median_s)
-        program = default_program(comp, self.options.target.vector_lanes)
+        program = default_schedule(comp, self.options.target.vector_lanes).program
         return TaskKernel(task, program, compile_program(program, self.options), "default")
 
-    def _plan(self) -> tuple[list[_Call], dict[str, np.ndarray]]:
-        """The calls in running order, each with its arrays bound, and the outputs' buffers."""
+    def _plan(self) -> tuple[list[tuple[Kernel, list[np.ndarray]]], dict[str, np.ndarray]]:
+        """The kernel calls in running order, each with its arrays, and the outputs' buffers."""
         steps = sorted(((occ, task) for task in self.tasks for occ in task.occurrences),
                        key=lambda step: step[0].position)
         last_read: dict[str, int] = {}
@@ -194,47 +167,54 @@ class CompiledModel:
                 owner[value], planned[value] = buffer, buffer[:size]
             kern = self.kernels[task.name].kernel
             names = {**occ.inputs, **occ.outputs}
-            args: list[np.ndarray | str] = []
+            arrays = []
             for buf in (*kern.program.inputs, *kern.program.outputs):
                 value = names[buf.name]
                 source = planned.get(value, self._weights.get(value))
-                args.append(value if source is None else source.reshape(buf.shape))
-            calls.append(_Call(kern, args))
+                arrays.append((self._inputs[value] if source is None else source)
+                              .reshape(buf.shape))
+            calls.append((kern, arrays))
             for value in set(occ.inputs.values()):
                 if (last_read.get(value) == k and value in planned
                         and value not in self.model.outputs):
                     free.append(owner[value])
-        return calls, {o: planned[o] for o in self.model.outputs if o in planned}
+        return calls, {o: planned[o].reshape(self.model.shape(o))
+                       for o in self.model.outputs if o in planned}
 
     @property
     def buffer_bytes(self) -> int:
         """The bytes of the buffers planned for values computed by tasks (outputs included)."""
         return sum(b.nbytes for b in self._buffers)
 
+    @property
+    def native_calls(self) -> int:
+        """Native calls one model call makes from the calling thread: one for the whole model,
+        plus one per kernel function whose parallel loop is split among threads (and one for
+        each run of serial functions between two such)."""
+        return self._chain.native_calls
+
     # ---- calling ----------------------------------------------------------------------------
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs for `inputs` (name -> array of the input's shape), as new
-        float32 arrays."""
-        self._run(self._bind(inputs))
-        return {o: self._output(o, inputs) for o in self.model.outputs}
+        float32 arrays (a later call does not change them)."""
+        checked = self._run(inputs)
+        return {o: self._output(o, checked) for o in self.model.outputs}
 
-    def _bind(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: a.reshape(-1) for k, a in self.model.checked_inputs(inputs).items()}
-
-    def _run(self, bound: Mapping[str, np.ndarray]) -> None:
-        for call in self._calls:
-            call.kernel(*(bound[a].reshape(b.shape) if isinstance(a, str) else a
-                          for a, b in zip(call.args, (*call.kernel.program.inputs,
-                                                      *call.kernel.program.outputs))))
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Copy `inputs` into their buffers and run every kernel; the inputs as checked."""
+        checked = self.model.checked_inputs(inputs)
+        for name, array in checked.items():
+            np.copyto(self._inputs[name], array)
+        self._chain()
+        return checked
 
     def _output(self, name: str, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        shape = self.model.shape(name)
         if name in self._outputs:
-            return self._outputs[name].reshape(shape).copy()
+            return self._outputs[name].copy()
         # An output that is an input or a weight of the model, computed by no task.
         source = inputs[name] if name in inputs else self.model.weights[name]
-        return f32(source).reshape(shape).copy()
+        return f32(source).reshape(self.model.shape(name)).copy()
 
     # ---- checking and timing ----------------------------------------------------------------
 
@@ -276,17 +256,17 @@ class CompiledModel:
 
     def time(self, repeats: int = 10, inputs: Mapping[str, np.ndarray] | None = None,
              warmup: int = 1) -> float:
-        """The median seconds of one end-to-end call (outputs left in their buffers), over
-        `repeats` calls after `warmup`."""
+        """The median seconds of one end-to-end call, as a caller pays it (inputs checked and
+        copied in, outputs copied out), over `repeats` calls after `warmup`."""
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
-        bound = self._bind(inputs if inputs is not None else self.random_inputs())
+        inputs = inputs if inputs is not None else self.random_inputs()
         for _ in range(warmup):
-            self._run(bound)
+            self(inputs)
         times = []
         for _ in range(repeats):
             start = _time.perf_counter()
-            self._run(bound)
+            self(inputs)
             times.append(_time.perf_counter() - start)
         return statistics.median(times)
 
@@ -298,29 +278,24 @@ class CompiledModel:
     def time_tasks(self, repeats: int = 10, inputs: Mapping[str, np.ndarray] | None = None,
                    warmup: int = 1) -> dict[str, float]:
         """Each task's kernel alone, by task name: the median seconds of one call on the buffers
-        planned for its first occurrence, over `repeats` calls after `warmup`. Weight times
-        this, summed over tasks, is the part of `time` spent in kernels."""
+        planned for its first occurrence (one native call, as the model makes it), over
+        `repeats` calls after `warmup`. Weight times this, summed over tasks, is the part of
+        `time` spent in kernels."""
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
-        bound = self._bind(inputs if inputs is not None else self.random_inputs())
         # One whole call first, so every planned buffer holds the values a real call gives
         # (never uninitialized memory, whose NaNs and denormals would time differently).
-        self._run(bound)
-        first_call: dict[int, _Call] = {}
-        for call in self._calls:
-            first_call.setdefault(id(call.kernel), call)
+        self._run(inputs if inputs is not None else self.random_inputs())
         medians: dict[str, float] = {}
         for name, compiled in self.kernels.items():
-            call = first_call[id(compiled.kernel)]
-            buffers = (*call.kernel.program.inputs, *call.kernel.program.outputs)
-            args = [bound[a].reshape(b.shape) if isinstance(a, str) else a
-                    for a, b in zip(call.args, buffers)]
+            arrays = next(a for kernel, a in self._calls if kernel is compiled.kernel)
+            alone = Chain([(compiled.kernel, arrays)])  # one native call, as the model calls it
             for _ in range(warmup):
-                call.kernel(*args)
+                alone()
             times = []
             for _ in range(repeats):
                 start = _time.perf_counter()
-                call.kernel(*args)
+                alone()
                 times.append(_time.perf_counter() - start)
             medians[name] = statistics.median(times)
         return medians
@@ -333,5 +308,4 @@ def _compare(ours: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndarray],
     return Verdict(ok, max_error, f"{'correct' if ok else 'wrong'} against {against}: {message}")
 
 
-__all__ = ["CompiledModel", "TaskKernel", "Verdict", "best_record", "default_program",
-           "task_key"]
+__all__ = ["CompiledModel", "TaskKernel", "Verdict", "best_record", "task_key"]

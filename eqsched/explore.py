@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -60,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from . import machine
 from .backend import Target
 from .db import Database, DatabaseError
+from .default_schedule import default_schedule
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
 from .egraph.term import vector_lanes
@@ -71,7 +73,15 @@ from .machine_model import machine_model
 from .runner import check_fits_in_memory
 from .schedule import Schedule, ScheduleError
 from .te import Computation
-from .trials import Measurer, Settings, TimingGate, Trial, check_seed, has_parallel_loops
+from .trials import (
+    Baseline,
+    Measurer,
+    Settings,
+    TimingGate,
+    Trial,
+    check_seed,
+    has_parallel_loops,
+)
 from .workloads import get_workload
 
 if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not on import
@@ -228,8 +238,11 @@ class TaskTuner:
     None for a run whose caller decides it slice by slice. Stepped in slices, a run proposes the
     first round of a slice after learning from the last round of the one before (in one call
     that round is searched while the last is measured); given the same slices and database it
-    walks the same path, and a re-run measures nothing new. All calls must come from one thread
-    (the one that owns the e-graph)."""
+    walks the same path, and a re-run measures nothing new. `measure_default`: the
+    computation's `default_schedule` is the run's first trial (round 0, counted in the budget),
+    so its best is never slower than what the computation runs untuned; task tuning asks for it,
+    `explore` does not (its result is what the space found). All calls must come from one
+    thread (the one that owns the e-graph)."""
 
     def __init__(self, computation: Computation, *, key: tuple[str, list[int]] | None = None,
                  trials: int | None = None, seconds: float | None = None,
@@ -238,7 +251,7 @@ class TaskTuner:
                  rules: RuleSpec = None, limits: Limits | None = None, batch: int = 16,
                  jobs: int = 1, population: int = POPULATION, settings: Settings | None = None,
                  target: str | Target | None = None, measure_naive: bool = True,
-                 progress: Progress | None = None):
+                 measure_default: bool = False, progress: Progress | None = None):
         from .rules import resolve
 
         self.budget = _Budget(0, None if seconds is None else check_seconds(seconds), batch,
@@ -269,7 +282,7 @@ class TaskTuner:
             raise
         self.naive = naive_program(computation)
         self.settings, self.seed, self.limits, self.jobs = settings, seed, limits, jobs
-        self.measure_naive = measure_naive
+        self.measure_naive, self.measure_default = measure_naive, measure_default
         self.result = ExploreResult(
             workload, list(size), seed, self.model.name, [r.name for r in self.rules],
             {"trials": trials, "seconds": seconds, "batch": batch, "population": population},
@@ -306,6 +319,18 @@ class TaskTuner:
     def stop_reason(self) -> str:
         """Why the last slice ended (a budget spent, the space exhausted, an interrupt)."""
         return self.result.stop_reason
+
+    @property
+    def failure(self) -> str:
+        """Why no trial so far gave a valid program, in a few words: the commonest first clause
+        of the trials' errors (the latest among equals) and how many trials it ended, like
+        "wrong result (16 of 16 trials)"; "" once one is valid, and before any trial."""
+        trials = self.result.trials
+        if not trials or any(t.correct and t.median_s for t in trials):
+            return ""
+        clauses = [_first_clause(t.error) if t.error else "not checked" for t in trials]
+        common = max(reversed(clauses), key=clauses.count)
+        return f"{common} ({clauses.count(common)} of {len(trials)} trials)"
 
     @property
     def exhausted(self) -> bool:
@@ -365,6 +390,9 @@ class TaskTuner:
                            self.facts["peak_gflops_per_core"], self.jobs, self.say)
         if self.measure_naive:
             run.measure_naive()
+        if self.measure_default and not self.result.interrupted:
+            sch = default_schedule(self.naive.computation, self.options.target.vector_lanes)
+            run.measure_baseline(Baseline(sch.program, sch.trace))
         return run
 
     @contextlib.contextmanager
@@ -458,9 +486,10 @@ class _Exploration:
         self.budget, self.peak_gflops_per_core, self.jobs, self.say = (
             budget, peak_gflops_per_core, jobs, say)
         self.tried: set[str] = set()  # every candidate proposed so far (hashes)
-        self.elites: list[Candidate] = []  # measured correct candidates, fastest first
+        self.ranked: list[Candidate | Baseline] = []  # measured correct ones, fastest first
+        self.elites: list[Candidate] = []  # those the search proposed: it breeds from them
         self.times_of: dict[str, float] = {}
-        self.best: Candidate | None = None  # the candidate of result.best
+        self.best: Candidate | Baseline | None = None  # the candidate of result.best
         # While a round is measured (in worker processes) the next one is searched, so round
         # r + 1 is ranked with what rounds up to r - 1 taught the model. The search waits instead
         # when every core already measures; the proposals are the same either way.
@@ -470,7 +499,7 @@ class _Exploration:
         self.pool: ThreadPoolExecutor | None = None
         self.measuring: ThreadPoolExecutor | None = None
         self.stop = threading.Event()
-        self.proposed: list[tuple[Candidate, float]] = []  # the round being measured
+        self.proposed: list[tuple[Candidate | Baseline, float]] = []  # the round measured
         self.done: list[Trial] = []  # its trials measured so far
         self.round_index, self.round_started = 0, time.perf_counter()
 
@@ -480,6 +509,23 @@ class _Exploration:
             self.result.naive_median_s = self.measurer.naive_median_s()
         except KeyboardInterrupt:
             self.result.interrupted, self.result.stop_reason = True, "interrupted"
+
+    def measure_baseline(self, baseline: Baseline) -> None:
+        """`baseline` measured (or looked up) as the run's first round, one trial counted as
+        any: the best until a candidate beats it, among the finalists, never proposed again,
+        and no elite (the search breeds from its own candidates)."""
+        predicted = float(self.model.predict([baseline.program])[0])
+        self.tried.add(baseline.hash)
+        self.proposed = [(baseline, predicted)]
+        try:
+            self.done = [self.measurer.trial(baseline, predicted, self.round_index)]
+        except KeyboardInterrupt:
+            self.result.interrupted, self.result.stop_reason = True, "interrupted"
+            return
+        self.close_round(whole=True)
+        finished, self.done, self.proposed = self.done, [], []
+        self.report_round(finished)
+        self.round_index, self.round_started = self.round_index + 1, time.perf_counter()
 
     def step(self) -> None:
         """The rounds up to the budget's trials (the caller raises it slice by slice). An
@@ -583,7 +629,7 @@ class _Exploration:
         are timed again side by side, in turn; the best re-measured median is the run's best,
         reported with that time."""
         settings = self.measurer.settings
-        finalists = self.elites[:settings.finalists]
+        finalists = self.ranked[:settings.finalists]
         if not finalists:
             return
         self.say("finalists", {"finalists": len(finalists), "rounds": settings.final_rounds})
@@ -605,7 +651,7 @@ class _Exploration:
         self.result.best = self.trial_of(winner, timed[winner.hash])
         self.best = winner
 
-    def trial_of(self, cand: Candidate, median_s: float | None = None) -> Trial:
+    def trial_of(self, cand: Candidate | Baseline, median_s: float | None = None) -> Trial:
         """The run's correct trial of a measured candidate; with `median_s` (a re-measured
         time) in place of the one the rounds measured."""
         trial = next(t for t in self.result.trials if t.program_hash == cand.hash and t.correct)
@@ -614,15 +660,16 @@ class _Exploration:
         return replace(trial, median_s=median_s,
                        gflops=self.measurer.naive.computation.flops / median_s / 1e9)
 
-    def learn(self, good: list[tuple[Candidate, Trial]]) -> None:
+    def learn(self, good: list[tuple[Candidate | Baseline, Trial]]) -> None:
         """The model, the best so far and the elites take in measured correct candidates."""
         self.model.update([c.program for c, _ in good], [t.median_s for _, t in good])
         for cand, t in good:
             if self.result.best is None or t.median_s < self.result.best.median_s:
                 self.result.best, self.best = t, cand
         self.times_of.update((t.program_hash, t.median_s) for _, t in good)
-        self.elites = sorted([*self.elites, *(c for c, _ in good)],
+        self.ranked = sorted([*self.ranked, *(c for c, _ in good)],
                              key=lambda c: self.times_of[c.hash])
+        self.elites = [c for c in self.ranked if not isinstance(c, Baseline)]
 
     def report_round(self, finished: list[Trial]) -> None:
         last = self.result.rounds[-1]
@@ -656,7 +703,7 @@ class _Exploration:
 
     def settle_on_replayable(self) -> None:
         remeasured = {f["hash"]: f["remeasured_gflops"] for f in self.result.finalists}
-        order = [self.best, *sorted((c for c in self.elites if c is not self.best),
+        order = [self.best, *sorted((c for c in self.ranked if c is not self.best),
                                     key=lambda c: -(remeasured.get(c.hash) or 0))]
         first_error: ExploreError | None = None
         for cand in order:
@@ -674,6 +721,12 @@ class _Exploration:
             return
         assert first_error is not None
         raise first_error
+
+
+def _first_clause(error: str) -> str:
+    """An error's kind, as its message's first clause says it: "wrong result", "timed out
+    after 120 s", "BackendError" (the runner names an exception by its type)."""
+    return re.split(r": | \(", error, maxsplit=1)[0]
 
 
 def _check_trace(naive: Program, trace: list[dict], measured_hash: str) -> None:

@@ -10,17 +10,19 @@ A task is a `te.Computation` made at run time (a fused subgraph of a model) with
 many times the model runs it); it is explored by an `explore.TaskTuner`, which saturates once and
 is stepped `slice_trials` at a time, and stored under `explore.computation_key` (its name and its
 naive program's hash), so two different computations of one name never share measurements and a
-task measured once is looked up, never measured again. The measuring worker needs no registry:
-each program carries its computation, from which the worker builds the reference.
+task measured once is looked up, never measured again. A task's first trial is its default
+schedule (`default_schedule`, what a compiled model runs for a task never tuned), so its best is
+never slower than that. The measuring worker needs no registry: each program carries its
+computation, from which the worker builds the reference.
 
-The loop, the same for every scheduler: ask the scheduler for a task (`task_scheduler`), tune it
-for one slice, record its best latency, then drop it when it has no valid program, when its space
-has nothing untried left, or when `early_stopping` trials in a row did not improve it (per-task
-early stopping). After each slice the progress callback gets the table (`"tasks"` event: ID, name,
-FLOPs, weight, best GFLOPS, latency, weighted latency, trials, done). When the rounds end, each
-task's finalists are timed again (`TaskTuner.close`) and the table is final. Deterministic given
-the seed and the database's measurements: a re-run on the same database measures nothing new and
-makes the same choices.
+The loop, the same for every scheduler: ask the scheduler for a task (`task_scheduler`), tune it for
+one slice, record its best latency, then drop it when it has no valid program (its row says why: the
+commonest error of its trials), when its space has nothing untried left, or when `early_stopping`
+trials in a row did not improve it (per-task early stopping). After each slice the progress callback
+gets the table (`"tasks"` event: ID, name, FLOPs, weight, best GFLOPS, latency, weighted latency,
+trials, done). When the rounds end, each task's finalists are timed again (`TaskTuner.close`) and
+the table is final. Deterministic given the seed and the database's measurements: a re-run on the
+same database measures nothing new and makes the same choices.
 
 See docs/ARCHITECTURE.md §21 Task scheduling.
 """
@@ -197,7 +199,7 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
                 tasks[i].computation, db=database, seed=seed, cost_model=cost_model,
                 rules=rules, limits=limits, batch=slice_trials, jobs=jobs,
                 population=population, settings=settings,
-                target=target, measure_naive=False,
+                target=target, measure_naive=False, measure_default=True,
                 progress=lambda event, data: say(event, {**data, "task": name}))
         return tuners[i]
 
@@ -239,6 +241,9 @@ class Tunable(Protocol):
 
     @property
     def stop_reason(self) -> str: ...
+
+    @property
+    def failure(self) -> str: ...
 
     def tune(self, trials: int) -> float | None: ...
 
@@ -306,7 +311,7 @@ def _why_done(tuner: Tunable, best: float | None, stale: int,
               early_stopping: int | None) -> str:
     """Why a task gets no more trials after its last slice ("" when it may have more)."""
     if best is None:
-        return "no valid program"
+        return f"no valid program: {tuner.failure}" if tuner.failure else "no valid program"
     if tuner.exhausted:
         return tuner.stop_reason or "nothing untried left"
     if early_stopping is not None and stale >= early_stopping:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .backend import CompileOptions, Target
 from .db import MEASUREMENT_SETTINGS, Database, Record
 from .egraph.derive import DeriveError
-from .egraph.term import Sizes, Term, show
+from .egraph.term import Sizes
 from .ir import LoopKind, Program
 from .runner import (
     MAX_TIMEOUT_S,
@@ -142,14 +142,14 @@ class Settings:
                        options=self.options())
 
 
-def record_of(workload: str, size: list[int], key: str, term: Term, sizes: Sizes,
+def record_of(workload: str, size: list[int], key: str, structure: str, sizes: Sizes,
               trace: list[dict], m: Measurement, settings: Settings, **more: Any) -> Record:
-    """The database record of a measurement of (term, sizes) with `settings`, stored under
-    `key` (`more`: the run's fields, like round and run_id); a wrong result is an error that
-    says so."""
+    """The database record of a measurement with `settings` of the program of `structure` (a
+    term shown in one line) and tile `sizes`, stored under `key` (`more`: the run's fields, like
+    round and run_id); a wrong result is an error that says so."""
     error = m.error or (None if m.correct is not False else f"wrong result: {m.check_message}")
     return Record(
-        workload=workload, size=list(size), program_hash=key, structure=show(term),
+        workload=workload, size=list(size), program_hash=key, structure=structure,
         sizes={f"{g}|{p}": e for (g, p), e in sizes.items()}, trace=trace, times=m.times,
         median_s=m.median_s, gflops=m.gflops, correct=m.correct, error=error,
         error_kind=m.error_kind, target=settings.target, settings=settings.outcome(),
@@ -166,6 +166,26 @@ def measurement_key(prog: Program, settings: Settings) -> str:
 
 def has_parallel_loops(prog: Program) -> bool:
     return any(lp.kind == LoopKind.PARALLEL for lp in prog.loops())
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A program measured as a trial though no search proposed it (a task's default schedule),
+    with the trace that builds it from the naive program. It is stored as a candidate is, its
+    structure a word instead of a term and with no tile sizes: no term of the space describes
+    it."""
+
+    program: Program
+    trace: list[dict]
+    structure: str = "default"
+
+    @property
+    def hash(self) -> str:
+        return self.program.hash()
+
+    @property
+    def sizes(self) -> Sizes:
+        return {}
 
 
 @dataclass
@@ -258,24 +278,25 @@ class Measurer:
         self.contended = 0  # timings beside other processes that competed for the cores
         self.contended_in_a_row = 0
 
-    def trial(self, cand: Candidate, predicted_s: float, round_index: int,
+    def trial(self, cand: Candidate | Baseline, predicted_s: float, round_index: int,
               worker: int = 0) -> Trial:
         """The candidate's stored measurement, or a new one (in worker process `worker`),
         stored at once."""
         key = measurement_key(cand.program, self.settings)
         stored = self.settings.lookup(self.database, self.workload, self.size, key)
         if stored is not None:
-            return Trial(round_index, cand.hash, show(cand.term), predicted_s, stored.median_s,
+            return Trial(round_index, cand.hash, cand.structure, predicted_s, stored.median_s,
                          stored.gflops, stored.correct, stored.error, cached=True)
         trace, m = self._measure(cand, worker)
-        record = record_of(self.workload, self.size, key, cand.term, cand.sizes, trace, m,
+        record = record_of(self.workload, self.size, key, cand.structure, cand.sizes, trace, m,
                            self.settings, predicted_s=predicted_s, round=round_index,
                            run_id=self.run_id)
         self.database.add(record)
         return Trial(round_index, cand.hash, record.structure, predicted_s, m.median_s, m.gflops,
                      m.correct, record.error, cached=False)
 
-    def _measure(self, cand: Candidate, worker: int) -> tuple[list[dict], Measurement]:
+    def _measure(self, cand: Candidate | Baseline, worker: int
+                 ) -> tuple[list[dict], Measurement]:
         """The candidate's trace and measurement; a candidate with no trace is not run."""
         try:
             trace = cand.trace

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from eqsched.egraph.derive import DeriveError, derive, realize, verify
 from eqsched.egraph.space import Slot, Space
-from eqsched.egraph.term import BlockRef, Sizes, Term, walk
+from eqsched.egraph.term import BlockRef, Sizes, Term, show, walk
 from eqsched.ir import LoopKind, Program
 from eqsched.schedule import ScheduleError
 
@@ -108,6 +108,11 @@ class Candidate:
 
     def __post_init__(self) -> None:
         self.hash = self.hash or self.program.hash()
+
+    @property
+    def structure(self) -> str:
+        """The term in one line, as the database stores it."""
+        return show(self.term)
 
     @functools.cached_property
     def trace(self) -> list[dict]:

@@ -77,10 +77,10 @@ def synthetic_machine() -> MachineModel:
 class LatencyCurve:
     """A synthetic task for `task_tuning.run_rounds` (a `Tunable`): its best latency after n
     trials is `latency(n)` seconds (None: no valid program yet), and its space holds `programs`
-    candidates, after which a slice ends short."""
+    candidates, after which a slice ends short; `failure` says why it has no valid program."""
 
-    def __init__(self, latency, programs: int = 10**9):
-        self.latency, self.programs = latency, programs
+    def __init__(self, latency, programs: int = 10**9, failure: str = ""):
+        self.latency, self.programs, self.failure = latency, programs, failure
         self.trials_taken, self.exhausted, self.interrupted, self.stop_reason = 0, False, False, ""
 
     def tune(self, trials: int):

@@ -13,6 +13,7 @@ from eqsched import machine
 from eqsched.backend import CompileOptions, Target, TargetError, compile_program
 from eqsched.backend import target as target_module
 from eqsched.db import Database, DatabaseError
+from eqsched.default_schedule import default_schedule
 from eqsched.explore import (
     ExploreError,
     Settings,
@@ -61,6 +62,8 @@ def test_an_exploration_measures_checks_and_stores_every_trial(explored):
     assert len(result.trials) == 8 and result.measured == 8 and len(result.rounds) == 2
     assert result.best is not None and result.best.correct
     assert result.stop_reason == "the trial budget (8) is spent"
+    # A workload's exploration measures what its space holds, no default schedule first.
+    assert all(t.structure != "default" for t in result.trials)
     with Database(db) as d:
         records = d.records("matmul", SIZE)
         # Programs with parallel loops are keyed with the thread count they were timed with.
@@ -158,6 +161,39 @@ def test_a_tuner_stepped_in_slices_saturates_once_and_a_rerun_measures_nothing(t
     again, _, _ = tune_in_slices()
     assert again.measured == 0
     assert [t.program_hash for t in again.trials] == [t.program_hash for t in result.trials]
+
+
+def test_a_tuner_asked_for_the_default_schedule_measures_it_first_within_its_budget(tmp_path):
+    comp, db = row_scale(8, 32), tmp_path / "x.db"
+    default = default_schedule(comp, FAST.options().target.vector_lanes)
+    # Every correct trial is a finalist: the default is timed again beside the search's best.
+    settings = dataclasses.replace(FAST, finalists=8, final_rounds=1)
+
+    def tuner():
+        return TaskTuner(comp, db=db, cost_model="random", batch=4, settings=settings,
+                         rules=["tile", "vectorize", "parallel"], measure_naive=False,
+                         measure_default=True)
+
+    first = tuner()
+    first.tune(1)  # the budget's one trial is the default schedule
+    assert [len(r.trials) for r in first.result.rounds] == [1]
+    (trial,) = first.result.trials
+    assert trial.round == 0 and trial.structure == "default" and trial.correct
+    assert trial.program_hash == default.program.hash()
+    first.tune(4)
+    result = first.close()
+    assert [len(r.trials) for r in result.rounds] == [1, 4]
+    assert default.program.hash() not in {t.program_hash for t in result.trials[1:]}
+    finalists = {f["hash"]: f["remeasured_gflops"] for f in result.finalists}
+    assert default.program.hash() in finalists
+    assert result.best.gflops >= finalists[default.program.hash()]
+    with Database(db) as d:  # stored with the trace that rebuilds it, as any trial
+        (record,) = [r for r in d.records(*computation_key(comp))
+                     if r.program_hash == default.program.hash()]
+        assert record.structure == "default" and record.trace == default.trace
+    again = tuner()
+    again.tune(5)
+    assert again.close().measured == 0
 
 
 class SearchBuilt(Exception):

@@ -4,11 +4,13 @@ tiny computations that are no registered workload: measured, stored under their 
 looked up, never measured again, by a re-run."""
 
 import shutil
+from dataclasses import replace
 
 import pytest
 from conftest import LatencyCurve, small_search
 
 from eqsched.db import Database
+from eqsched.default_schedule import default_schedule
 from eqsched.egraph.saturate import SaturationError
 from eqsched.explore import Settings, computation_key
 from eqsched.expr import relu
@@ -44,12 +46,14 @@ def flat(n):
     return MS
 
 
-def test_a_task_with_no_valid_program_is_dropped_after_its_slice():
+def test_a_task_with_no_valid_program_is_dropped_after_its_slice_saying_why():
     tasks = states(2)
-    curves = [LatencyCurve(lambda n: None), LatencyCurve(flat)]
+    curves = [LatencyCurve(lambda n: None, failure="wrong result (16 of 16 trials)"),
+              LatencyCurve(flat)]
     order, _ = run_rounds(tasks, lambda i: curves[i], GradientScheduler(), 16 * 5)
     assert order == [0, 1, 1, 1, 1]
-    assert tasks[0].done == "no valid program" and tasks[0].trials == 16
+    assert tasks[0].done == "no valid program: wrong result (16 of 16 trials)"
+    assert tasks[0].trials == 16
 
 
 def test_a_task_that_stops_improving_is_stopped_early():
@@ -90,6 +94,19 @@ def test_the_budget_is_spent_exactly_and_the_last_slice_is_cut():
     curves = [LatencyCurve(flat) for _ in range(3)]
     order, _ = run_rounds(tasks, lambda i: curves[i], RoundRobin(), 40)
     assert [t.trials for t in tasks] == [16, 16, 8] and order == [0, 1, 2]
+
+
+def test_a_task_whose_every_trial_fails_is_dropped_with_the_failure_in_its_row(tmp_path,
+                                                                             monkeypatch):
+    small_search(monkeypatch)
+    # Too short a timeout for any compile: the default schedule and the search's program fail.
+    result = tune_tasks([Task("dense", dense(4, 8, 16))], 2, slice_trials=2,
+                        db=tmp_path / "x.db", cost_model="random", rules=RULES,
+                        settings=replace(FAST, timeout_s=0.01))
+    (row,) = result.tasks
+    assert row["latency_s"] is None and row["trials"] == 2
+    assert row["done"] == "no valid program: timed out after 0.01 s (2 of 2 trials)"
+    assert row["done"] in format_table(result.tasks)
 
 
 def test_a_scheduler_that_picks_a_task_that_is_done_is_refused():
@@ -184,6 +201,19 @@ def test_a_run_tunes_every_task_and_stores_them_under_their_own_keys(tuned):
             assert len(d.records(workload, size)) == row["trials"]
             assert d.runs(workload, size)[0]["status"] == "done"
             assert explored.best.correct  # checked against numpy in the worker
+
+
+def test_each_task_s_first_trial_is_its_default_schedule_and_the_best_is_no_slower(tuned):
+    _, tasks, result, _ = tuned
+    lanes = FAST.options().target.vector_lanes
+    for task, explored in zip(tasks, result.results):
+        default = default_schedule(task.computation, lanes).program
+        first, *searched = explored.trials
+        assert first.round == 0 and first.structure == "default" and first.correct
+        assert first.program_hash == default.hash() not in {t.program_hash for t in searched}
+        # No finalists in FAST: the best is the fastest correct trial, the default among them.
+        fastest = min((t for t in explored.trials if t.correct), key=lambda t: t.median_s)
+        assert explored.best.median_s == fastest.median_s <= first.median_s
 
 
 def test_the_table_is_reported_after_every_slice(tuned):

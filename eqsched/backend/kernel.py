@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from math import prod
 
 import llvmlite.binding as llvm
@@ -83,6 +84,37 @@ def _helpers_for(count: int) -> _Helpers:
         return _helpers[count]
 
 
+def run_parallel(fn: Callable[..., None], extent: int, pointers: tuple[int, ...] | list[int],
+                 threads: int) -> None:
+    """Run the chunk function `fn` over `range(extent)` split among up to `threads` threads (this
+    one and helpers), each call `fn(*pointers, lo, hi)`."""
+    n = min(threads, extent)
+    if n == 1:
+        fn(*pointers, 0, extent)
+        return
+    # ctypes releases the GIL during the call, so the chunks run on separate cores.
+    _helpers_for(n - 1).run([(fn, (*pointers, extent * t // n, extent * (t + 1) // n))
+                             for t in range(n)])
+
+
+@dataclass(frozen=True)
+class Step:
+    """One compiled function of a kernel bound to arrays (`Kernel.bind`): its machine-code
+    address, its pointer arguments in `Program.params` order, and for a chunk function the
+    extent of its parallel loop and the threads to split it among."""
+
+    address: int
+    pointers: tuple[int, ...]
+    parallel_extent: int | None = None
+    threads: int = 1
+
+    @property
+    def serial(self) -> bool:
+        """Whether it runs as one call on one thread (a chunk function given its whole
+        extent)."""
+        return self.parallel_extent is None or min(self.threads, self.parallel_extent) == 1
+
+
 def aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
     """An uninitialized float32 array whose data starts on an `alignment`-byte boundary."""
     size = prod(shape)
@@ -123,12 +155,13 @@ class Kernel:
                                if b.scope == Scope.GLOBAL]
         self._intermediate_ptrs = [a.ctypes.data for a in self._intermediates]
         n_ptrs = len(program.params)
+        self._segments = [(engine.get_function_address(seg.function), seg.parallel_extent)
+                          for seg in segments]
         self._steps: list[tuple[Callable[..., None], int | None]] = []
-        for seg in segments:
-            extra = [ctypes.c_int64] * 2 if seg.parallel_extent is not None else []
+        for address, extent in self._segments:
+            extra = [ctypes.c_int64] * 2 if extent is not None else []
             proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptrs), *extra)
-            self._steps.append((proto(engine.get_function_address(seg.function)),
-                                seg.parallel_extent))
+            self._steps.append((proto(address), extent))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run on named inputs into fresh, aligned outputs, returned by name. Outputs and
@@ -150,16 +183,15 @@ class Kernel:
             if extent is None:
                 fn(*ptrs)
             else:
-                self._run_parallel(fn, extent, ptrs)
+                run_parallel(fn, extent, ptrs, self.options.thread_count)
 
-    def _run_parallel(self, fn: Callable[..., None], extent: int, ptrs: list[int]) -> None:
-        n = min(self.options.thread_count, extent)
-        if n == 1:
-            fn(*ptrs, 0, extent)
-            return
-        # ctypes releases the GIL during the call, so the chunks run on separate cores.
-        _helpers_for(n - 1).run([(fn, (*ptrs, extent * t // n, extent * (t + 1) // n))
-                                 for t in range(n)])
+    def bind(self, *arrays: np.ndarray) -> list[Step]:
+        """The kernel's functions bound to `arrays` (checked as a call checks them), to be
+        called later by address (`backend.chain`): the arrays and this kernel must outlive
+        every such call."""
+        ptrs = tuple(self._pointers(arrays) + self._intermediate_ptrs)
+        return [Step(address, ptrs, extent, self.options.thread_count)
+                for address, extent in self._segments]
 
     def _pointers(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
         name = self.program.name

@@ -32,7 +32,7 @@ from ..db import Database
 from ..egraph.derive import DeriveError, derive, realize
 from ..egraph.saturate import Limits, saturate
 from ..egraph.space import Space
-from ..egraph.term import vector_lanes
+from ..egraph.term import show, vector_lanes
 from ..ir import Program, naive_program
 from ..runner import Measurement
 from ..schedule import ScheduleError
@@ -234,7 +234,7 @@ def _sample(workload: str, size: list[int], term: Any, sizes: Any, prog: Program
         trace, m = [], Measurement(correct=None, error=f"no replayable trace: {err}")
     else:
         m = settings.measure(prog)
-    record = record_of(workload, size, key, term, sizes, trace, m, settings)
+    record = record_of(workload, size, key, show(term), sizes, trace, m, settings)
     if database is not None:
         database.add(record)
     return Sample(key, record.structure, m.median_s, m.gflops, m.correct, record.error, False,
