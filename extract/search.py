@@ -151,6 +151,7 @@ class EvolutionarySearch:
         # realize() is the expensive part; bounded, since a long run builds tens of thousands.
         self._programs: OrderedDict[tuple, Program | None] = OrderedDict()
         self._verified_hashes: set[str] = set()
+        self._perfect_options: dict[int, tuple[list, list]] = {}  # id(options) -> it, perfect
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -290,7 +291,13 @@ class EvolutionarySearch:
         extent = self.space.facts.extents.get(group)  # None: a pack's panel width
         if extent is None:
             return None
-        perfect = [o for o in options if _splits_exactly(o, extent)]
+        # A group's option list is one shared object per (group, paths used) (the space caches
+        # it), and filtering a long one on every draw and re-size was a tenth of a search.
+        kept = self._perfect_options.get(id(options))
+        if kept is None or kept[0] is not options:
+            kept = options, [o for o in options if _splits_exactly(o, extent)]
+            self._perfect_options[id(options)] = kept
+        perfect = kept[1]
         return self.rng.choice(perfect) if perfect else None
 
     def program_of(self, term: Term, sizes: Sizes) -> Program | None:
