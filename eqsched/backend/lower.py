@@ -260,16 +260,6 @@ class _FunctionEmitter:
         if self.ix.vec is not None:
             raise BackendError(
                 f"vectorized loop {loop.name} is inside vectorized loop {self.ix.vec.name}")
-        for blk in _blocks_under(loop):
-            if blk.reduce is None:
-                continue
-            for axis in blk.axes:
-                loops = [lp for lp, _ in blk.binding(axis.name).terms]
-                if axis.kind == "reduce" and loop.name in loops:
-                    raise BackendError(
-                        f"vectorized loop {loop.name} binds reduce axis {axis.name} of "
-                        f"accumulating block {blk.name}: its lanes would race on {blk.buffer}"
-                    )
         self.ix.enter(loop, LANES, (0, active - 1))
         if active < loop.extent:
             self.tail = ir.Constant(ir.VectorType(I1, loop.extent),
