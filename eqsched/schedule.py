@@ -474,14 +474,17 @@ class Schedule:
         partial = f"{blk.stage}_rf"
         if any(b.name == partial for b in prog.buffers):
             raise ScheduleError(f"{where}: {partial} already exists")
-        shape = (lp.extent,) + stage.shape
+        # A lane piece wider than its whole axis (a padded vector over a 40-long row) has a
+        # partial per point only: lanes past the axis never run.
+        partials = min(lp.extent, blk.axis(axis).extent) if lanes else lp.extent
+        shape = (partials,) + stage.shape
         if math.prod(shape) > MAX_PARTIAL_ELEMENTS:
             raise ScheduleError(f"{where}: the partials {partial}{list(shape)} would hold more "
                                 f"than {MAX_PARTIAL_ELEMENTS} elements")
-        r = Axis("r", lp.extent)
+        r = Axis("r", partials)
         spatial = tuple(a for a in blk.axes if a.kind == "spatial")
         if r.name in {a.name for a in blk.axes}:
-            r = Axis(f"{blk.stage}_r", lp.extent)
+            r = Axis(f"{blk.stage}_r", partials)
         if lanes:
             part = Var(axis) % lp.extent
         else:
