@@ -396,7 +396,7 @@ class _FunctionEmitter:
         v = self._widen(self._value(e, mask), acc.type)
         if op == "sum":
             return b.fadd(acc, v)
-        return MathEmitter(b, acc.type).call("maximum", acc, v)
+        return MathEmitter(b, acc.type).extremum("maximum", acc, v)
 
     # ---- memory -----------------------------------------------------------------------------
 
@@ -435,7 +435,8 @@ class _FunctionEmitter:
                 return b.fdiv(x, y)
             if e.op in ("max", "min"):
                 # llvm.maximum/minimum propagate NaN, as numpy's maximum/minimum do.
-                return MathEmitter(b, x.type).call("maximum" if e.op == "max" else "minimum", x, y)
+                return MathEmitter(b, x.type).extremum("maximum" if e.op == "max" else "minimum",
+                                                       x, y)
             raise BackendError(f"unknown float operator {e.op!r}")
         if isinstance(e, Call):
             return self._call(e.fn, self._value(e.args[0], mask))
