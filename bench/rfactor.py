@@ -1,12 +1,13 @@
 """rfactor on two threads: the best program explore finds with the rule and without it, and the
-hand schedule of examples/rfactor_softmax.py, timed side by side with numpy in one run.
+hand schedules of examples/rfactor_softmax.py, timed side by side with numpy in one run.
 
     python bench/rfactor.py                       # softmax of one 65,536-long row, 64 trials
     python bench/rfactor.py --case gemv --trials 32
 
-A batch-1 softmax's row max and row sum have one spatial iteration, so without rfactor a second
-thread has nothing of them to share; the rule makes the outer piece of each reduction a parallel
-loop over partial results. Each exploration gets a fresh database and the same seed; the winners
+A batch-1 softmax's row max and row sum accumulate into one element each: without rfactor their
+loops are scalar chains a second thread cannot share. The rule factors the inner piece of each
+reduction into vector lanes of partial results (a vector reduction), or the outer piece into a
+parallel loop over partials. Each exploration gets a fresh database and the same seed; the winners
 (re-measured finalists) and numpy are then timed alternately (medians), two threads each.
 """
 
@@ -19,8 +20,9 @@ import tempfile
 from pathlib import Path
 
 CASES = {"softmax": ("softmax", (1, 65536)), "gemv": ("gemv", (4096, 4096))}
-HAND = {"softmax": Path(__file__).resolve().parents[1] / "examples" / "schedules"
-        / "softmax-1x65536-rfactor.json"}
+SCHEDULES = Path(__file__).resolve().parents[1] / "examples" / "schedules"
+HAND = {"softmax": {"hand (lanes)": SCHEDULES / "softmax-1x65536-rfactor-lanes.json",
+                    "hand (threads)": SCHEDULES / "softmax-1x65536-rfactor.json"}}
 
 
 def main() -> None:
@@ -56,9 +58,9 @@ def main() -> None:
             uses = any(step["op"] == "rfactor" for step in result.best_trace)
             print(f"{label}: explored {len(result.trials)} trials, best {result.best.gflops:.2f} "
                   f"GFLOPS in the run{' (uses rfactor)' if uses else ''}", file=sys.stderr)
-    if args.case in HAND:
-        steps, _ = load_trace(HAND[args.case])
-        programs["hand (rfactor)"] = Schedule.replay(naive_program(comp), steps).program
+    for label, path in HAND.get(args.case, {}).items():
+        steps, _ = load_trace(path)
+        programs[label] = Schedule.replay(naive_program(comp), steps).program
     inputs = aligned_inputs(comp)
     want = wl.numpy_baseline(inputs, *size)()
     runs = []

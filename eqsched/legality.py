@@ -322,10 +322,11 @@ def _check_loop_kind(prog: Program, lp: Loop, path: tuple, where: dict[str, Site
                     f"vectorized loop {lp.name} is not innermost: it contains {inner}"
                 )
         for blk in under:
-            bound = loop_binding(blk, lp.name)
-            if bound is not None and blk.reduce and axis_kinds(blk)[bound[0]] == "reduce":
+            if lp.name in accumulating_loops(where[blk.name]):
                 raise ScheduleError(
-                    f"vectorized loop {lp.name} is reduce axis {bound[0]} of block {blk.name}"
+                    f"vectorized loop {lp.name} is reduce axis "
+                    f"{loop_binding(blk, lp.name)[0]} of block {blk.name} (its lanes would "
+                    "accumulate into the same element)"
                 )
             # Lanes must store distinct elements: a contiguous store, or a scatter (a local
             # tile's write-back to an output whose innermost axis is not the vector axis).

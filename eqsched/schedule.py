@@ -418,12 +418,14 @@ class Schedule:
         return packed
 
     def rfactor(self, block: str, loop: str) -> str:
-        """Factor a reduction along `loop`, a root-level loop over the outermost piece of one of
-        `block`'s reduce axes (Ansor's rfactor, TVM's `Schedule.rfactor` with factor_axis 0):
-        each of its iterations accumulates into a partial result of its own, `<stage>_rf[r,
-        ...]`, initialized at the start of that iteration, and a nest after the loop reduces the
-        partials into the stage's buffer. The loop then binds no accumulation, so it may run in
-        parallel (each thread writes its own partials). Returns the partial buffer's name.
+        """Factor a reduction along `loop`, a piece of one of `block`'s reduce axes (Ansor's
+        rfactor, TVM's `Schedule.rfactor` with factor_axis 0): each of its iterations
+        accumulates into a partial result of its own, `<stage>_rf[r, ...]`, and a nest reduces
+        the partials into the stage's buffer after. The loop then binds no accumulation: it
+        may run in parallel or be vectorized. Returns the partial buffer's name.
+
+        `loop` is either the root-level loop over the outermost piece of the axis (the partials
+        of an iteration are initialized at the start of its body, so threads share them out),
 
             for C.k.0 in range(4):                 for C.k.0 in range(4):
               for C.k.1 in range(256):               C.rf_init: C_rf[C.k.0, i] = 0
@@ -431,6 +433,16 @@ class Schedule:
                                                         C_rf[k // 256, i] += A[i, k]
                                                    for C.rf_final.r, C.rf_final.i:
                                                      C[i] += C_rf[r, i]
+
+        or a loop below the root over the innermost piece of a split axis, the lanes of a
+        vectorized reduction (TVM's rfactor of the inner piece): each lane accumulates a
+        partial of its own, initialized by a nest before the root nest that holds the loop,
+
+            for C.k.0 in range(64):                for C.rf_init.r, C.rf_init.i: C_rf[r, i] = 0
+              for C.k.1 in range(16):      ->      for C.k.0 in range(64):
+                C[i] += A[i, k]                      for C.k.1 in range(16):
+                                                       C_rf[k % 16, i] += A[i, k]
+                                                   for C.rf_final.r, C.rf_final.i: (as above)
 
         The partial axis is the buffer's first dimension, so each partial is one contiguous
         copy of the output (a thread's stores stay apart from another's)."""
@@ -440,15 +452,19 @@ class Schedule:
         where = f"rfactor {block} along {loop}"
         if blk.reduce not in REDUCERS:
             raise ScheduleError(f"{where}: {block} is not a sum or max reduction")
-        if prog.enclosing(loop):
-            raise ScheduleError(f"{where}: {loop} is not a root-level loop")
         if block not in {n.name for n, _ in walk(lp.body) if isinstance(n, Block)}:
             raise ScheduleError(f"{where}: {block} is not under {loop}")
         bound = loop_binding(blk, loop)
         if bound is None or blk.axis(bound[0]).kind != "reduce":
             raise ScheduleError(f"{where}: {loop} binds no reduce axis of {block}")
         axis, stride = bound
-        if any(s > stride for _, s in blk.binding(axis).terms):
+        strides = [s for _, s in blk.binding(axis).terms]
+        lanes = bool(prog.enclosing(loop))
+        if lanes and (stride != 1 or len(strides) < 2):
+            raise ScheduleError(f"{where}: {loop} is below the root but not the innermost "
+                                f"piece of a split of axis {axis}; only that piece (lanes) or "
+                                "a root-level outermost piece can index the partials")
+        if not lanes and any(s > stride for s in strides):
             raise ScheduleError(f"{where}: {loop} is an inner piece of axis {axis}; only its "
                                 "outermost piece can index the partials")
         stage = prog.buffer(blk.stage) if blk.stage in {b.name for b in prog.buffers} else None
@@ -458,15 +474,21 @@ class Schedule:
         partial = f"{blk.stage}_rf"
         if any(b.name == partial for b in prog.buffers):
             raise ScheduleError(f"{where}: {partial} already exists")
-        shape = (lp.extent,) + stage.shape
+        # A lane piece wider than its whole axis (a padded vector over a 40-long row) has a
+        # partial per point only: lanes past the axis never run.
+        partials = min(lp.extent, blk.axis(axis).extent) if lanes else lp.extent
+        shape = (partials,) + stage.shape
         if math.prod(shape) > MAX_PARTIAL_ELEMENTS:
             raise ScheduleError(f"{where}: the partials {partial}{list(shape)} would hold more "
                                 f"than {MAX_PARTIAL_ELEMENTS} elements")
-        r = Axis("r", lp.extent)
+        r = Axis("r", partials)
         spatial = tuple(a for a in blk.axes if a.kind == "spatial")
         if r.name in {a.name for a in blk.axes}:
-            r = Axis(f"{blk.stage}_r", lp.extent)
-        part = Var(axis) if stride == 1 else Var(axis) // stride
+            r = Axis(f"{blk.stage}_r", partials)
+        if lanes:
+            part = Var(axis) % lp.extent
+        else:
+            part = Var(axis) if stride == 1 else Var(axis) // stride
         update = replace(blk, buffer=partial, indices=(part,) + blk.indices)
 
         def own_nest(name: str, axes: tuple[Axis, ...], outer: dict[str, str], store: str,
@@ -479,7 +501,7 @@ class Schedule:
                                       reduce),))
 
         init = own_nest(f"{blk.stage}.rf_init", (replace(r, kind="spatial"),) + spatial,
-                        {r.name: loop}, partial, (r.var,) + blk.indices,
+                        {} if lanes else {r.name: loop}, partial, (r.var,) + blk.indices,
                         Const(REDUCERS[blk.reduce], "float32"), None)
         final = own_nest(f"{blk.stage}.rf_final", (replace(r, kind="reduce"),) + spatial, {},
                          blk.stage, blk.indices, Load(partial, (r.var,) + blk.indices),
@@ -488,13 +510,16 @@ class Schedule:
         def redirect(node: Node) -> Node | None:
             return update if isinstance(node, Block) and node.name == block else None
 
+        holder = _root_nest(prog, block, alone=False) if lanes else lp
         body: list[Node] = []
         for n in prog.body:
-            if n is lp:
+            if n is not holder:
+                body.append(n)
+            elif lanes:
+                body += [*init, *map_nodes((n,), redirect), *final]
+            else:
                 n = Loop(lp.name, lp.extent, lp.kind, init + map_nodes(lp.body, redirect))
                 body += [n, *final]
-            else:
-                body.append(n)
         buffers = prog.buffers + (Buffer(partial, shape, Scope.GLOBAL),)
         self._commit("rfactor", {"block": block, "loop": loop},
                      prog.with_body(tuple(body), buffers))

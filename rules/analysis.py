@@ -50,6 +50,11 @@ covers = relation("covers", Body, String)
 s_lacks = relation("s_lacks", SStmt, String)  # no block of plain stage st inside
 lacks = relation("lacks", Body, String)
 alone = relation("alone", Root, String)  # one statement of the root list is st's nest alone
+s_unfactored = relation("s_unfactored", SStmt)  # no rfactor lane loop inside
+unfactored = relation("unfactored", Body)
+s_unread = relation("s_unread", SStmt, String)  # no block of another stage reading st inside
+unread = relation("unread", Body, String)
+lane_body = relation("lane_body", Body, String, String)  # blocks a lane loop over g may hold
 
 
 # The tiling plan: how many pieces each dimension group is split into. Tile makes them; the
@@ -353,6 +358,75 @@ class Alone(Rule):
             rule(eq_(r, Root.rcons(h, rest)), s_only(h, st)).then(alone(r, st)),
             rule(eq_(r, Root.rcons(h, rest)), alone(rest, st)).then(alone(r, st)),
         ]
+
+
+@register
+class Unfactored(Rule):
+    """unfactored(body): no rfactor lane loop (`rloop` below the root) is in body.
+
+        block(n) -> s_unfactored;  loop(.., b) with unfactored(b) -> s_unfactored
+
+    Exact for every member of a class: the rfactor rule builds a factored nest as a new
+    statement beside the plain one (`factor_lanes`), never in the plain nest's classes, so no
+    class holds both a factored and an unfactored body.
+    """
+
+    name = "unfactored"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        return [
+            rule(eq_(s, block(n))).then(s_unfactored(s)),
+            rule(eq_(s, loop(g, p, k, b)), unfactored(b)).then(s_unfactored(s)),
+            rule(eq_(s, cached(st, b)), unfactored(b)).then(s_unfactored(s)),
+        ] + _all_of(s_unfactored, unfactored)
+
+
+@register
+class Unread(Rule):
+    """unread(body, S): no block in body reads the buffer of the reduction S, apart from S's own.
+
+        block(E) -> s_unread(S) unless E reads S;  nil -> unread(S)
+    """
+
+    name = "unread"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        for stage in sorted({blk.stage for blk in facts.blocks.values() if blk.reduce}):
+            out += _all_of(s_unread, unread, String(stage))
+            out += [rule(eq_(s, block(name))).then(s_unread(s, String(stage)))
+                    for name, blk in facts.blocks.items()
+                    if blk.stage == stage or stage not in {ld.buffer for ld in loads(blk.value)}]
+        return out + _pass_up(s_unread, unread, a)
+
+
+@register
+class LaneBody(Rule):
+    """lane_body(body, n, g): body is a list of blocks, the reduction n (which reduces over g)
+    and blocks that store unit-stride along g: what a vector loop over g may hold once n's
+    partials are its lanes (rfactor along lanes).
+
+        cons(block(E), cons(block(S.update), nil)) -> lane_body(S.update, S.c)
+    """
+
+    name = "lane_body"
+    growth = False
+
+    def rewrites(self, facts: Facts) -> list:
+        out = []
+        for name, blk in sorted(facts.blocks.items()):
+            if blk.reduce not in ("sum", "max"):
+                continue
+            for group in sorted(facts.reduce_groups[name]):
+                key = (String(name), String(group))
+                out.append(rule(eq_(b, Body.nil())).then(lane_body(b, *key)))
+                members = [name] + [other for other, inner in facts.store_inner_group.items()
+                                    if inner == group and group not in facts.reduce_groups[other]]
+                out += [rule(eq_(b, Body.cons(block(m), t)), lane_body(t, *key))
+                        .then(lane_body(b, *key)) for m in members]
+        return out
 
 
 @register

@@ -11,7 +11,18 @@ from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Body, Kind, cached, loop
 from eqsched.egraph.term import split_path
 
-from .analysis import b, covers, holds, lane_group, levels, only, tiled, tiles, uncached
+from .analysis import (
+    b,
+    covers,
+    holds,
+    lane_group,
+    levels,
+    only,
+    tiled,
+    tiles,
+    uncached,
+    unfactored,
+)
 from .base import Rule, register
 
 
@@ -35,7 +46,7 @@ class CacheWrite(Rule):
     """
 
     name = "cache_write"
-    requires = ("contains", "only_stage", "nesting", "local_tile", "covers")
+    requires = ("contains", "only_stage", "nesting", "local_tile", "covers", "unfactored")
 
     def rewrites(self, facts: Facts) -> list:
         out = []
@@ -49,5 +60,6 @@ class CacheWrite(Rule):
             whole = [covers(b, String(group)) for group in sorted(facts.reduce_groups[name])]
             out.append(rewrite(loop(*at, b)).to(
                 loop(*at, Body.cons(cached(stage, b), Body.nil())),
-                holds(b, String(name)), only(b, stage), tiles(b, stage), uncached(b), *whole))
+                holds(b, String(name)), only(b, stage), tiles(b, stage), uncached(b),
+                unfactored(b), *whole))
         return out

@@ -12,7 +12,7 @@ from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Body, Kind, Root, append, loop
 from eqsched.expr import Var, loads
 
-from .analysis import h, holds, p, reduce_groups, rest, spatial, t, uncached, x, y
+from .analysis import h, holds, p, reduce_groups, rest, spatial, t, uncached, unfactored, x, y
 from .base import Rule, register
 
 
@@ -64,19 +64,21 @@ class Fuse(Rule):
 
     Never along a group that an accumulating block in x reduces over: a consumer inside the
     producer's reduction loop would read partial sums. Not when x or y is a local tile (a cached
-    statement stays the only child of its loop). `append` evaluates by rewrites, so every
-    fused body also exists as a plain cons list.
+    statement stays the only child of its loop), nor when x holds an rfactor lane loop (its
+    partials are reduced after the root nest, so no reader may join it). `append` evaluates by
+    rewrites, so every fused body also exists as a plain cons list.
     """
 
     name = "fuse"
-    requires = ("contains", "spatial", "nesting")
+    requires = ("contains", "spatial", "nesting", "unfactored")
 
     def rewrites(self, facts: Facts) -> list:
         out = []
         reducing = reduce_groups(facts)
         for first, second, group in sorted(fusible(facts)):
             gr, serial = String(group), Kind.serial()
-            guards = (holds(x, String(first)), holds(y, String(second)), uncached(x), uncached(y))
+            guards = (holds(x, String(first)), holds(y, String(second)), uncached(x), uncached(y),
+                      unfactored(x))
             guards += (spatial(x, gr),) if group in reducing else ()
             out.append(
                 rewrite(Body.cons(loop(gr, p, serial, x), Body.cons(loop(gr, p, serial, y), t)))

@@ -110,6 +110,22 @@ def test_an_rfactored_reduction_is_an_rfactor_loop_without_its_init_and_final_ne
     assert Schedule.replay(naive, steps).program.text() == sch.program.text()
 
 
+def test_a_reduction_rfactored_along_lanes_is_a_vector_rfactor_loop_below_the_root():
+    naive = naive_program(get_workload("softmax").build(1, 1000))
+    sch = Schedule(naive)
+    _, lanes = sch.split("S.c", [-1, 64])
+    sch.rfactor("S.update", lanes)
+    sch.vectorize(lanes)
+    term, sizes = encode(sch.program)
+    # the partial init and final nests around S's root nest are implied
+    assert show(Term(term.body[3:5])) == ("M.i[]{S.init} ; "
+                                          "M.i[]{E.j[0/2]{E.j[1/2]@vector@rfactor{S.update}}}")
+    assert isinstance(term.body[4].body[0].body[0], RfactorLoop)
+    assert sizes[("E.j", "0/2")] == 16 and sizes[("E.j", "1/2")] == 64
+    steps = derive(term, sizes, naive)
+    assert Schedule.replay(naive, steps).program.text() == sch.program.text()
+
+
 def test_one_symbol_with_two_extents_is_refused():
     sch = Schedule(matmul())
     sch.split("C.i", [2, 8])

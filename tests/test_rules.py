@@ -60,6 +60,11 @@ class Graph:
             elif op in ("Body.nil", "Root.rnil"):
                 self.nodes.setdefault(n["eclass"], []).append((op, (), []))
         self.reach = cache(self._reach)
+        self.spells = cache(self._spells)
+
+    def _spells(self, c) -> bool:
+        """Some member spells a program (rfactor's `factor_lanes` leaves classes that do not)."""
+        return any(all(self.spells(k) for k in kids) for _, _, kids in self.nodes.get(c, []))
 
     def loops(self):
         """Every loop node reachable from the root: (group, path, kind, body class)."""
@@ -198,12 +203,14 @@ def test_a_vector_loop_is_innermost_over_the_unit_stride_group(matmul):
 def test_unrolled_loops_can_hold_the_register_tile(matmul):
     g = Graph(matmul)
 
-    def register_tile(body):  # some member: blocks and vector or unrolled loops only
+    def register_tile(body):  # some member: blocks and vector or unrolled loops only (an
+        # rfactor lane loop is a vector loop)
         return any(op == "Body.nil" or op == "Body.cons" and register_tile(kids[1]) and any(
-            o == "block" or o == "loop" and lit[2] in ("vector", "unroll") and register_tile(k[0])
-            for o, lit, k in g.nodes[kids[0]]) for op, _, kids in g.nodes[body])
+            o == "block" or o in ("loop", "rloop") and lit[2] in ("vector", "unroll")
+            and register_tile(k[0])
+            for o, lit, k in g.nodes.get(kids[0], [])) for op, _, kids in g.nodes.get(body, []))
 
-    unrolled = [body for _, _, kind, body in g.loops() if kind == "unroll"]
+    unrolled = [body for _, _, kind, body in g.loops() if kind == "unroll" and g.spells(body)]
     assert unrolled and all(register_tile(body) for body in unrolled)
 
 
@@ -263,7 +270,7 @@ def test_rfactor_only_where_partials_of_the_output_stay_small():
     assert partials_limit(row, "E.j") == 1 << 18
 
 
-def test_rfactor_loops_sit_at_the_root_over_the_reduction_of_their_body(row):
+def test_rfactor_loops_sit_at_the_root_or_are_lanes_around_the_reduction_of_their_body(row):
     g = Graph(row)
     facts = facts_of(row.naive)
     parents = {}
@@ -273,14 +280,18 @@ def test_rfactor_loops_sit_at_the_root_over_the_reduction_of_their_body(row):
                 parents.setdefault(kid, set()).add(op)
     factored = [(c, lit, kids) for c, members in g.nodes.items() for op, lit, kids in members
                 if op == "rloop"]
-    assert {kind for _, (_, _, kind), _ in factored} == {"serial", "parallel"}
+    assert {kind for _, (_, _, kind), _ in factored} == {"serial", "parallel", "vector"}
     assert {group for _, (group, _, _), _ in factored} == {"M.c", "E.j"}
-    for cls, (group, _, _), (body,) in factored:
-        assert parents[cls] == {"Root.rcons"}
+    for cls, (group, path, kind), (body,) in factored:
         blocks = g.reach(body)[0]
         reducing = [b for b in blocks if group in facts.reduce_groups[b]]
         assert len(reducing) == 1  # the only accumulation the loop runs is the one factored
-        assert {facts.stage_of[b] for b in blocks} == {facts.stage_of[reducing[0]]}
+        if kind == "vector":  # the lanes: the group's innermost piece, a list of blocks
+            assert parents[cls] == {"Body.cons"} and path == "1/2"
+            assert all(b == reducing[0] or facts.store_inner_group[b] == group for b in blocks)
+        else:
+            assert parents[cls] == {"Root.rcons"}
+            assert {facts.stage_of[b] for b in blocks} == {facts.stage_of[reducing[0]]}
 
 
 def test_the_space_holds_a_row_softmax_factored_over_threads():
@@ -298,6 +309,27 @@ def test_the_space_holds_a_row_softmax_factored_over_threads():
         sch.vectorize(inner)
     assert build_space(naive_row, default_rules()).contains_program(sch.program)
     assert not build_space(naive_row, resolve("-rfactor")).contains_program(sch.program)
+
+
+def test_the_space_holds_a_row_softmax_with_vector_reductions_and_no_early_reader():
+    naive_row = naive("softmax", 1, 256)
+    sch = Schedule(naive_row)
+    for stage in ("M", "S"):
+        _, lanes = sch.split(f"{stage}.c", [-1, 16])
+        sch.rfactor(f"{stage}.update", lanes)
+        sch.vectorize(lanes)
+    for stage in ("E", "Y"):
+        sch.vectorize(sch.split(f"{stage}.j", [-1, 16])[1])
+    space = build_space(naive_row, default_rules())
+    assert space.contains_program(sch.program)
+    assert not build_space(naive_row, resolve("-rfactor")).contains_program(sch.program)
+    # E fused into the row max's nest reads M before the partials are reduced: not in the space
+    early = Schedule(naive_row, checked=False)
+    early.fuse("E", at="M.i")
+    _, lanes = early.split("M.c", [-1, 16])
+    early.rfactor("M.update", lanes)
+    early.vectorize(lanes)
+    assert not space.contains_program(early.program)
 
 
 # ---- fuse ----------------------------------------------------------------------------------

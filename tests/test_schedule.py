@@ -442,10 +442,58 @@ def test_rfactor_a_matmul_along_a_whole_reduce_loop():
     assert_computes(sch.program, comp)
 
 
+def test_rfactor_along_the_lanes_vectorizes_a_row_max_and_sum():
+    comp, sch = build("softmax", 1, 1000)
+    for stage in ("M", "S"):
+        _, lanes = sch.split(f"{stage}.c", [-1, 64])  # 1000 = 15 x 64 + 40: a short last step
+        assert sch.rfactor(f"{stage}.update", lanes) == f"{stage}_rf"
+        sch.vectorize(lanes)  # each lane accumulates its own partial
+    prog = sch.program
+    assert prog.buffer("S_rf").shape == (64, 1)
+    assert str(prog.block("S.update").indices[0]) == "c % 64"
+    roots = [n.name for n in prog.body]
+    assert roots[roots.index("S.i") - 1:roots.index("S.i") + 2] == [
+        "S.rf_init.r", "S.i", "S.rf_final.r"]
+    assert sch.trace[1] == {"op": "rfactor", "args": {"block": "M.update", "loop": "M.c.1"}}
+    assert_computes(prog, comp)
+    again = Schedule.replay(naive_program(comp), sch.trace)
+    assert again.program.text() == prog.text()
+
+
+def test_rfactor_along_the_lanes_of_several_rows_and_a_gemv():
+    comp, sch = build("softmax", 3, 40)
+    sch.split("S.c", [5, 8])
+    sch.rfactor("S.update", "S.c.1")
+    sch.vectorize("S.c.1")
+    assert sch.program.buffer("S_rf").shape == (8, 3)
+    assert_computes(sch.program, comp)
+    comp, sch = build("gemv", 16, 48)
+    sch.split("C.k", [-1, 16])
+    sch.reorder("C.i", "C.j", "C.k.0", "C.k.1")
+    sch.rfactor("C.update", "C.k.1")
+    sch.vectorize("C.k.1")  # a dot product per column, 16 lanes of it at a time
+    assert_computes(sch.program, comp)
+
+
+def test_rfactor_along_the_lanes_needs_the_innermost_piece_and_no_early_reader():
+    comp, sch = build("softmax", 2, 64)
+    sch.split("M.c", [2, 2, 16])
+    with pytest.raises(ScheduleError, match="M.c.1 is below the root but not the innermost "
+                                            "piece of a split of axis c"):
+        sch.rfactor("M.update", "M.c.1")
+    with pytest.raises(ScheduleError, match="S.c is below the root but not the innermost"):
+        sch.rfactor("S.update", "S.c")  # unsplit: one partial per point is no reduction
+    sch = build("softmax", 2, 64)[1]
+    sch.fuse("E", at="M.i")  # E reads the row max in M's nest, before the partials are reduced
+    sch.split("M.c", [4, 16])
+    with pytest.raises(ScheduleError, match="block E reads M before M.rf_final writes it"):
+        sch.rfactor("M.update", "M.c.1")
+
+
 def test_rfactor_needs_an_outer_reduce_piece_at_the_root():
     comp, sch = build("softmax", 2, 64)
     sch.split("S.c", [4, 16])
-    with pytest.raises(ScheduleError, match="S.c.0 is not a root-level loop"):
+    with pytest.raises(ScheduleError, match="S.c.0 is below the root but not the innermost"):
         sch.rfactor("S.update", "S.c.0")
     with pytest.raises(ScheduleError, match="S.i binds no reduce axis of S.update"):
         sch.rfactor("S.update", "S.i")

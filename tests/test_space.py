@@ -12,6 +12,7 @@ from itertools import product
 import pytest
 from egglog import EGraph, union
 
+from eqsched.backend import compile_program
 from eqsched.egraph.derive import realize
 from eqsched.egraph.dot import write_dot
 from eqsched.egraph.encode import encode
@@ -36,6 +37,7 @@ from eqsched.egraph.term import (
     walk,
 )
 from eqsched.ir import Program, naive_program
+from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.schedule import Schedule
 from eqsched.workloads import get_workload
 
@@ -386,6 +388,30 @@ def test_an_rfactor_loop_takes_at_most_its_partials_limit_counted_like_brute_for
     assert len(partials) == 2 * (plain_count - 1)
     term, sizes = next(p for p in programs if isinstance(p[0].body[1], RfactorLoop))
     assert encode(realize(term, sizes, naive)) == (term, sizes)
+
+
+def test_an_rfactor_lane_loop_takes_vector_lanes_within_its_partials_limit():
+    naive = naive_program(get_workload("gemv").build(8192, 128))  # C.i 1, C.j 8192, C.k 128
+    assert partials_limit(facts_of(naive), "C.k") == 32  # 32 copies of C fill 2^18 elements
+    init = L("C.i", "", L("C.j", "", INIT))
+    plain = L("C.i", "", L("C.j", "", L("C.k", "0/2", L("C.k", "1/2", UPDATE))))
+    lanes = L("C.i", "", L("C.j", "", L("C.k", "0/2",
+                                         RfactorLoop("C.k", "1/2", "vector", (UPDATE,)))))
+    root = Term((init, plain))
+    sp = hand_space(root, [(root, Term((init, lanes)))], naive=naive)
+    programs, brute = sp.enumerate(), brute_force(sp)
+    assert sp.count() == len(programs) == len(brute)
+    assert as_set(programs) == brute
+    factored = [(term, sizes) for term, sizes in programs if term.body[1] == lanes]
+    # vector lanes 8..64, of which 64 is more partials than fit
+    assert sorted(sizes[("C.k", "1/2")] for _, sizes in factored) == [8, 16, 32]
+    term, sizes = factored[0]
+    program = realize(term, sizes, naive)
+    assert encode(program) == (term, sizes)
+    inputs = random_inputs(naive.computation, seed=0)
+    ok, _, message = compare(compile_program(program).run(inputs),
+                             reference(naive.computation, inputs), tolerance(naive.computation))
+    assert ok, message
 
 
 def test_whole_extent_limits_decide_at_once():

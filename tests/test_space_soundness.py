@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from eqsched.egraph.term import RfactorLoop, Sizes, Term, pack_symbol
+from eqsched.egraph.term import RfactorLoop, Sizes, Term, pack_symbol, walk
 from eqsched.ir import Program
 from eqsched.tools.rulekit import check_space
 from eqsched.workloads import list_workloads
@@ -95,5 +95,22 @@ RFACTOR_SIZES = [("softmax", (1, 256)), ("softmax", (3, 61)), ("gemv", (13, 47))
 @pytest.mark.parametrize("name, size", RFACTOR_SIZES, ids=[f"{n}-{s}" for n, s in RFACTOR_SIZES])
 def test_programs_whose_threads_share_a_reduction_match_the_reference(name, size):
     check = check_space(name, size, PADDED_SAMPLES, where=shared_partials, draws=400)
+    assert check.sampled == PADDED_SAMPLES
+    assert not check.failures, "\n".join(check.failures[:3])
+
+
+def lane_partials(term: Term, sizes: Sizes, base: Program) -> bool:
+    """Does the program factor a reduction along vector lanes of partials?"""
+    return any(isinstance(s, RfactorLoop) and outer for s, outer in walk(term.body))
+
+
+# A lane piece that divides the row, one past a remainder (61 = 3 x 16 + 13), and one wider
+# than the whole axis (a padded vector over 47 points): a partial per lane, reduced after.
+LANE_SIZES = [("softmax", (1, 256)), ("softmax", (3, 61)), ("gemv", (13, 47))]
+
+
+@pytest.mark.parametrize("name, size", LANE_SIZES, ids=[f"{n}-{s}" for n, s in LANE_SIZES])
+def test_programs_whose_lanes_are_partials_of_a_reduction_match_the_reference(name, size):
+    check = check_space(name, size, PADDED_SAMPLES, where=lane_partials, draws=1000)
     assert check.sampled == PADDED_SAMPLES
     assert not check.failures, "\n".join(check.failures[:3])

@@ -260,16 +260,6 @@ class _FunctionEmitter:
         if self.ix.vec is not None:
             raise BackendError(
                 f"vectorized loop {loop.name} is inside vectorized loop {self.ix.vec.name}")
-        for blk in _blocks_under(loop):
-            if blk.reduce is None:
-                continue
-            for axis in blk.axes:
-                loops = [lp for lp, _ in blk.binding(axis.name).terms]
-                if axis.kind == "reduce" and loop.name in loops:
-                    raise BackendError(
-                        f"vectorized loop {loop.name} binds reduce axis {axis.name} of "
-                        f"accumulating block {blk.name}: its lanes would race on {blk.buffer}"
-                    )
         self.ix.enter(loop, LANES, (0, active - 1))
         if active < loop.extent:
             self.tail = ir.Constant(ir.VectorType(I1, loop.extent),
@@ -406,7 +396,7 @@ class _FunctionEmitter:
         v = self._widen(self._value(e, mask), acc.type)
         if op == "sum":
             return b.fadd(acc, v)
-        return MathEmitter(b, acc.type).call("maximum", acc, v)
+        return MathEmitter(b, acc.type).extremum("maximum", acc, v)
 
     # ---- memory -----------------------------------------------------------------------------
 
@@ -445,7 +435,8 @@ class _FunctionEmitter:
                 return b.fdiv(x, y)
             if e.op in ("max", "min"):
                 # llvm.maximum/minimum propagate NaN, as numpy's maximum/minimum do.
-                return MathEmitter(b, x.type).call("maximum" if e.op == "max" else "minimum", x, y)
+                return MathEmitter(b, x.type).extremum("maximum" if e.op == "max" else "minimum",
+                                                       x, y)
             raise BackendError(f"unknown float operator {e.op!r}")
         if isinstance(e, Call):
             return self._call(e.fn, self._value(e.args[0], mask))

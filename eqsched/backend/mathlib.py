@@ -49,6 +49,13 @@ class MathEmitter:
     def call(self, name: str, *args: ir.Value) -> ir.Value:
         return self.b.call(intrinsic(self.b.module, name, self.ty, len(args)), args)
 
+    def extremum(self, name: str, a: ir.Value, b: ir.Value) -> ir.Value:
+        """llvm.maximum / llvm.minimum: NaN propagates, as in numpy. `nsz` lets either zero
+        answer a tie of -0.0 and +0.0 (they compare equal, as the checks against numpy do);
+        without it x86 tests the sign of an operand through an integer register at every call,
+        which lengthens each step of a max reduction's dependent chain."""
+        return self.b.call(intrinsic(self.b.module, name, self.ty, 2), (a, b), fastmath=("nsz",))
+
     def fma(self, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
         return self.call("fma", a, b, c)
 

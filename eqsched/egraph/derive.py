@@ -14,9 +14,9 @@ The recipe is canonical (one trace per term), in this order:
      which fuse mirrors from the blocks there, are then split further and reordered like the host's.
      If some block cannot be fused this way, the next host is tried.
    A loop's name is therefore `<naive loop of its owner's axis><piece suffix>` (`C.init.j.2`).
-   Then `rfactor` each RfactorLoop (a root statement) along its loop: the accumulating block
-   under it that reduces over its group (before the annotations: a parallel rfactor loop is
-   legal only once the partials exist).
+   Then `rfactor` each RfactorLoop (a root statement, or a lane loop below one) along its loop:
+   the accumulating block under it that reduces over its group (before the annotations: a
+   parallel or vectorized rfactor loop is legal only once the partials exist).
 3. `vectorize` / `unroll` / `parallel` each annotated loop, in term pre-order. Annotations come
    before cache_write, because cache_write gives its copy loops the kinds of the tile loops.
 4. `cache_write(<the stage's block in the tile, its update if there>, at=<the loop whose only
@@ -154,7 +154,7 @@ class _Derivation:
                               f"{sorted(have)} after inlining {list(self.term.inlined)}")
         for stmt in self.term.body:
             self._build_root(stmt)
-        for stmt in self.term.body:
+        for stmt, _ in walk(self.term.body):
             if isinstance(stmt, RfactorLoop):
                 self._rfactor(stmt)
         for s, _ in walk(self.term.body):

@@ -14,15 +14,17 @@ an axis it iterates (`C.i.1.0` with siblings `.0 .1 .2 .3` and `.1.1` is "1/4.0/
 An `Alloc` of `<stage>.local` is `Cached(stage, body)` without its copy nests; a `<buf>_packed`
 copy nest is a `PackRef` (factor -> the pack symbol's size); a root loop that starts with an
 rfactor partial init (`<stage>.rf_init`) is an `RfactorLoop` without that nest, and the final
-reduction nest after it (`<stage>.rf_final`) is implied; stages of the computation that have
-no block left were inlined (listed in stage order). Anything else raises EncodeError.
+reduction nest after it (`<stage>.rf_final`) is implied; so is a root-level init nest, the one
+of an rfactor along lanes, whose loop (the innermost piece the partials' `k % n` follows) is an
+`RfactorLoop` below the root; stages of the computation that have no block left were inlined
+(listed in stage order). Anything else raises EncodeError.
 
 See docs/ARCHITECTURE.md §4 The e-graph.
 """
 
 from __future__ import annotations
 
-from ..expr import Load, Var
+from ..expr import BinOp, Load, Var
 from ..ir import Alloc, Binding, Block, Loop, Node, Program, naive_program, walk
 from .facts import Facts, facts_of
 from .term import (
@@ -91,6 +93,7 @@ class _Encoder:
         self.bases = set(self.groups)
         self.sizes: Sizes = {}
         self.naive_stages = [s.name for s in naive.computation.stages]
+        self.lane_partials = _lane_partial_loops(prog)
 
     def term(self) -> tuple[Term, Sizes]:
         packs, body = [], []
@@ -98,7 +101,7 @@ class _Encoder:
             pack = self._pack(node)
             if pack is not None:
                 packs.append(pack)
-            elif _rfactor_final(node):
+            elif _rfactor_final(node) or _rfactor_init(node):
                 continue
             elif isinstance(node, Loop) and any(map(_rfactor_init, node.body)):
                 group, path = self._piece(node)
@@ -123,7 +126,8 @@ class _Encoder:
             return self._cached(node)
         group, path = self._piece(node)
         self._record((group, path), node.extent, f"loop {node.name}")
-        return PieceLoop(group, path, node.kind.value, tuple(self._stmt(n) for n in node.body))
+        kind = RfactorLoop if node.name in self.lane_partials else PieceLoop
+        return kind(group, path, node.kind.value, tuple(self._stmt(n) for n in node.body))
 
     def _cached(self, alloc: Alloc) -> Cached:
         if not alloc.buffer.endswith(LOCAL_SUFFIX):
@@ -188,6 +192,19 @@ class _Encoder:
         factor = self.prog.buffer(copy.buffer).shape[-1]
         self._record(pack_symbol(source.buffer), factor, f"pack {copy.name}")
         return PackRef(readers[0], source.buffer, dims[0])
+
+
+def _lane_partial_loops(prog: Program) -> set[str]:
+    """The loops an rfactor along lanes factored: the innermost piece of the axis whose
+    `axis % n` indexes a stage's partials (`C_rf[k % 16, i]`)."""
+    out = set()
+    for blk in prog.blocks():
+        if blk.reduce is None or blk.buffer != f"{blk.stage}_rf" or not blk.indices:
+            continue
+        part = blk.indices[0]
+        if isinstance(part, BinOp) and part.op == "%" and isinstance(part.a, Var):
+            out |= {lp for lp, stride in blk.binding(part.a.name).terms if stride == 1}
+    return out
 
 
 def _implied(blk: Block) -> bool:

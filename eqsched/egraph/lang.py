@@ -1,8 +1,9 @@
 """The e-graph language: egglog sorts mirroring `eqsched.egraph.term`, and Term -> egglog.
 
     Body  = nil | cons(Stmt, Body) | append(Body, Body)      (append: only for fusion rules)
+          | factor_lanes(block, Body)           (only for the rfactor rule: §20)
     Stmt  = loop(group, path, Kind, Body) | block(name) | cached(stage, Body)
-          | rloop(group, path, Kind, Body)      (an rfactor loop: in root position only)
+          | rloop(group, path, Kind, Body)      (an rfactor loop: at the root, or a lane loop)
     Root  = rnil | rcons(Stmt, Root) | inlined(stage, Root) | packed(block, buffer, dim, Root)
     Kind  = serial | vector | unroll | parallel
 
@@ -10,6 +11,8 @@ The root list has its own sort so that context-dependent rules (parallel only at
 match a loop in root position without putting the annotated loop into the same e-class as the
 loop wherever else it occurs. `append` is a function defined by rewrites; extraction never picks
 an append node, since every append class also holds the cons list it evaluates to.
+`factor_lanes(n, body)` is one too: it rewrites to body with the lane loop around block n
+factored, and spells no program where it finds none.
 
 See docs/ARCHITECTURE.md §4 The e-graph.
 """
@@ -82,6 +85,10 @@ def cached(stage: StringLike, body: Body) -> SStmt: ...
 def append(a: Body, b: Body) -> Body: ...
 
 
+@function
+def factor_lanes(block: StringLike, body: Body) -> Body: ...
+
+
 # The whole program: `saturate` registers this fact on the root it starts from, so that the
 # serialized e-graph names the program's e-class and rules can match at the top of the program.
 program_root = relation("program_root", Root)
@@ -99,6 +106,7 @@ SERIALIZED_OPS = {
     "Kind.parallel": "parallel", "Body.nil": "nil", "Body.cons": "cons", "Root.rnil": "rnil",
     "Root.rcons": "rcons", "Root.inlined": "inlined", "Root.packed": "packed", "loop": "loop",
     "rloop": "rloop", "block": "block", "cached": "cached", "append": "append",
+    "factor_lanes": "factor_lanes",
 }
 
 

@@ -302,7 +302,7 @@ class Space:
 
     def _key_of(self, term: Term) -> Key:
         """The constraints a term's loops put on its sizes."""
-        return _key_of(term) | {self._partials(s.group, s.path) for s in term.body
+        return _key_of(term) | {self._partials(s.group, s.path) for s, _ in walk(term.body)
                                 if isinstance(s, RfactorLoop)}
 
     def _parse(self) -> None:

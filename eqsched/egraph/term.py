@@ -13,7 +13,7 @@ split of "1/4". Sibling pieces multiply to their parent's extent, except that th
 whole extent may leave a remainder (`remainder_tiles`): its outermost piece is then the ceiling.
 
     Stmt  = PieceLoop(group, path, kind, body) | BlockRef(name) | Cached(stage, body)
-            | RfactorLoop(group, path, kind, body)      (a PieceLoop, at the root only)
+            | RfactorLoop(group, path, kind, body)      (a PieceLoop: §20)
     Root  = the program's top-level statements, plus program-level facts: inlined stages and
             packed operands (PackRef), which have no place in the loop tree.
 
@@ -43,10 +43,12 @@ class PieceLoop:
 
 @dataclass(frozen=True)
 class RfactorLoop(PieceLoop):
-    """A root-level loop over the outermost piece of a reduce group whose stage's reduction is
-    factored along it (`schedule.Schedule.rfactor`): each iteration accumulates into partials of
-    its own, reduced after the loop. Its extent is the number of partials, limited so that
-    they fit `schedule.MAX_PARTIAL_ELEMENTS` (`partials_constraint`)."""
+    """A loop over a piece of a reduce group whose stage's reduction is factored along it
+    (`schedule.Schedule.rfactor`): each iteration accumulates into partials of its own, reduced
+    after the loop's root nest. At the root it is the group's outermost piece (partials
+    initialized in its body); below the root, the innermost piece (a vector loop whose lanes
+    are the partials, initialized before the root nest). Its extent is the number of partials,
+    limited so that they fit `schedule.MAX_PARTIAL_ELEMENTS` (`partials_constraint`)."""
 
 
 @dataclass(frozen=True)
