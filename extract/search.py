@@ -67,6 +67,8 @@ CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # (a power of two gains the 3 x 2^a tiles) and uniform draws then miss the whole-tile sketches.
 PERFECT_SHARE = 0.5
 ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
+# Per top-level statement, in program order: its walk's slots and the groups it loops over.
+Statements = tuple[tuple[tuple[Slot, ...], frozenset[str]], ...]
 
 
 def unrolled_copies(prog: Program) -> int:
@@ -102,8 +104,7 @@ class Candidate:
     picks: dict[Slot, int] = field(repr=False)  # slot -> index into space.choices(slot)
     assignment: dict[str, dict[str, int]] = field(repr=False)  # group -> {path: extent}
     naive: Program = field(repr=False)  # the space's naive program, which the trace starts from
-    # per top-level statement, in program order: its walk's slots and the groups it loops over
-    statements: tuple[tuple[tuple[Slot, ...], frozenset[str]], ...] = field(default=(), repr=False)
+    statements: Statements = field(default=(), repr=False)
     hash: str = ""
 
     def __post_init__(self) -> None:
@@ -207,6 +208,49 @@ class EvolutionarySearch:
               ) -> Candidate | None:
         """Walk keeping the given picks where they still apply, pick the rest at random, then
         size every group (keeping a given assignment where it is still valid)."""
+        term, used, statements = self._walk(picks)
+        options = self.space.size_options(term)
+        if not all(opts for _, opts in options):
+            return None
+        given: dict[str, dict[str, int]] = {}
+        for group, opts in options:
+            old = assignment.get(group)
+            given[group] = old if old in opts else self._resize(group, opts)
+        sized = dict(given)
+        sizes = _sizes(sized)
+        chains = _unrolled_chains(term)
+        unrolled = {g for chain in chains for g, _ in chain}
+        for _ in range(self.max_attempts):
+            # Over the unrolling limit (known before the costly realization): re-size the groups
+            # of the unrolled loops; nested unrolls of a uniform draw are mostly too long.
+            if _term_unrolled(chains, sizes) <= self.max_unrolled:
+                break
+            for group, opts in options:
+                if group in unrolled:
+                    sized[group] = self._resize(group, opts)
+            sizes = _sizes(sized)
+        else:
+            # Re-sizes stay over the limit when several statements unroll the same groups (each
+            # nest of a fused epilogue repeats the reduction's tile), and shrinking the shared
+            # groups would take the reduction's register tile with them. Keep the given sizes
+            # and make unrolled loops serial instead, one at a time, each a statement's own
+            # choice; a serial loop allows any extent, so the sizes stay valid.
+            sized, sizes = given, _sizes(given)
+            while _term_unrolled(chains, sizes) > self.max_unrolled:
+                demoted = self._demoted(used, sizes)
+                if demoted is None:  # more blocks than the limit, none of them repeated
+                    return None
+                term, used, statements = self._walk(demoted)
+                chains = _unrolled_chains(term)
+        prog = self.program_of(term, sizes)
+        if prog is None or unrolled_copies(prog) > self.max_unrolled:
+            return None
+        return Candidate(term, dict(sorted(sizes.items())), prog, used, sized, self.space.naive,
+                         statements)
+
+    def _walk(self, picks: dict[Slot, int]) -> tuple[Term, dict[Slot, int], Statements]:
+        """The term the picks spell (random picks where they do not apply), the picks used, and
+        per top-level statement its slots and the groups it loops over."""
         used: dict[Slot, int] = {}
         statements: list[tuple[list[Slot], set[str]]] = []
         in_statement = False
@@ -231,51 +275,26 @@ class EvolutionarySearch:
             return node
 
         term = self.space.walk(pick)
-        options = self.space.size_options(term)
-        if not all(opts for _, opts in options):
+        return term, used, tuple((tuple(slots), frozenset(groups)) for slots, groups in statements)
+
+    def _demoted(self, picks: dict[Slot, int], sizes: Sizes) -> dict[Slot, int] | None:
+        """The picks with one unrolled loop that repeats its body, chosen at random, made serial
+        (the serial node of the same piece over the same body, which `unroll` put in the same
+        class); None when no loop repeats an unrolled body."""
+        unrolled = []
+        for slot, index in picks.items():
+            choices = self.space.choices(slot)
+            node = choices[index]
+            if node.op == "loop" and node.literals[2] == LoopKind.UNROLL \
+                    and sizes[node.literals[:2]] > 1:
+                serial = (node.literals[0], node.literals[1], LoopKind.SERIAL.value)
+                unrolled.append((slot, next(i for i, other in enumerate(choices)
+                                            if other.op == "loop" and other.literals == serial
+                                            and other.children == node.children)))
+        if not unrolled:
             return None
-        sized: dict[str, dict[str, int]] = {}
-        for group, opts in options:
-            old = assignment.get(group)
-            sized[group] = old if old in opts else self._resize(group, opts)
-        sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
-        chains = _unrolled_chains(term)
-        unrolled = {g for chain in chains for g, _ in chain}
-        for _ in range(self.max_attempts):
-            # Over the unrolling limit (known before the costly realization): re-size the groups
-            # of the unrolled loops; nested unrolls of a uniform draw are mostly too long.
-            if _term_unrolled(chains, sizes) <= self.max_unrolled:
-                break
-            for group, opts in options:
-                if group in unrolled:
-                    sized[group] = self._resize(group, opts)
-            sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
-        else:
-            # Random re-sizes stay over the limit when several statements unroll (a fused
-            # epilogue's nests each add their copies): size each unrolled group to its fewest.
-            for group, opts in options:
-                if group in unrolled:
-                    sized[group] = self._fewest_copies(group, opts, chains)
-            sizes = {(g, p): e for g, paths in sized.items() for p, e in paths.items()}
-            if _term_unrolled(chains, sizes) > self.max_unrolled:
-                return None
-        prog = self.program_of(term, sizes)
-        if prog is None or unrolled_copies(prog) > self.max_unrolled:
-            return None
-        return Candidate(term, dict(sorted(sizes.items())), prog, used, sized, self.space.naive,
-                         tuple((tuple(slots), frozenset(groups)) for slots, groups in statements))
-
-    def _fewest_copies(self, group: str, options: list[dict[str, int]],
-                       chains: list[tuple[tuple[str, str], ...]]) -> dict[str, int]:
-        """One of the group's options whose unrolled pieces (in `chains`) multiply to the
-        fewest copies."""
-        paths = {p for chain in chains for g, p in chain if g == group}
-
-        def copies(option: dict[str, int]) -> int:
-            return math.prod(option[p] for p in paths)
-
-        fewest = min(copies(o) for o in options)
-        return self.rng.choice([o for o in options if copies(o) == fewest])
+        slot, index = self.rng.choice(unrolled)
+        return {**picks, slot: index}
 
     def _resize(self, group: str, options: list[dict[str, int]]) -> dict[str, int]:
         """A size assignment for the group: with chance PERFECT_SHARE among its exact
@@ -523,6 +542,11 @@ def _splits_exactly(option: dict[str, int], extent: int) -> bool:
     below them split exactly by construction; an unsplit group is whole.)"""
     top = [e for path, e in option.items() if path and "." not in path]
     return not top or math.prod(top) == extent
+
+
+def _sizes(assignment: dict[str, dict[str, int]]) -> Sizes:
+    """The sizes of a per-group assignment: {(group, path): extent}."""
+    return {(g, p): e for g, paths in assignment.items() for p, e in paths.items()}
 
 
 def _program_key(term: Term, sizes: Sizes) -> tuple:
