@@ -238,7 +238,7 @@ class EvolutionarySearch:
             sized, sizes = given, _sizes(given)
             while _term_unrolled(chains, sizes) > self.max_unrolled:
                 demoted = self._demoted(used, sizes)
-                if demoted is None:  # more blocks than the limit, none of them repeated
+                if demoted is None:  # no unrolled loop left that has a serial form
                     return None
                 term, used, statements = self._walk(demoted)
                 chains = _unrolled_chains(term)
@@ -280,7 +280,8 @@ class EvolutionarySearch:
     def _demoted(self, picks: dict[Slot, int], sizes: Sizes) -> dict[Slot, int] | None:
         """The picks with one unrolled loop that repeats its body, chosen at random, made serial
         (the serial node of the same piece over the same body, which `unroll` put in the same
-        class); None when no loop repeats an unrolled body."""
+        class); None when no such loop has one. Not every unrolled loop does: a rewrite can
+        build a loop unrolled in a class of its own."""
         unrolled = []
         for slot, index in picks.items():
             choices = self.space.choices(slot)
@@ -288,9 +289,11 @@ class EvolutionarySearch:
             if node.op == "loop" and node.literals[2] == LoopKind.UNROLL \
                     and sizes[node.literals[:2]] > 1:
                 serial = (node.literals[0], node.literals[1], LoopKind.SERIAL.value)
-                unrolled.append((slot, next(i for i, other in enumerate(choices)
-                                            if other.op == "loop" and other.literals == serial
-                                            and other.children == node.children)))
+                twin = next((i for i, other in enumerate(choices)
+                             if other.op == "loop" and other.literals == serial
+                             and other.children == node.children), None)
+                if twin is not None:
+                    unrolled.append((slot, twin))
         if not unrolled:
             return None
         slot, index = self.rng.choice(unrolled)

@@ -466,3 +466,22 @@ def test_only_a_chain_of_reductions_starts_from_a_doubled_population(space, chai
     assert EvolutionarySearch(space, model, population=8).first_population == 8
     assert EvolutionarySearch(space, model, population=8, first_population=24
                               ).first_population == 24
+
+
+def test_the_repair_leaves_unrolled_a_loop_that_has_no_serial_form():
+    # A dense layer's task at the course's size holds unrolled loops whose class has no serial
+    # node (a rewrite built them unrolled); the repair of a draw over the unrolling limit
+    # makes only loops with a serial form serial, so no draw fails to be repaired or refused.
+    model = get_model("mlp")
+    task = next(t for t in extract_tasks(model) if t.name == "matmul_add_relu")
+    space = build_space(naive_program(task.computation), default_rules())
+    alone = [n for nodes in space._nodes.values() for n in nodes
+             if n.op == "loop" and n.literals[2] == LoopKind.UNROLL
+             and not any(o.op == "loop" and o.children == n.children
+                         and o.literals == (*n.literals[:2], LoopKind.SERIAL.value)
+                         for o in nodes)]
+    assert alone
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=0)
+    drawn = [search.random_candidate() for _ in range(150)]
+    assert all(c is None or c.program is not None for c in drawn)
+    assert sum(c is not None for c in drawn) > 100
