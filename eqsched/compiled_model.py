@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import statistics
 import time as _time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,17 +258,8 @@ class CompiledModel:
              warmup: int = 1) -> float:
         """The median seconds of one end-to-end call, as a caller pays it (inputs checked and
         copied in, outputs copied out), over `repeats` calls after `warmup`."""
-        if repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {repeats}")
         inputs = inputs if inputs is not None else self.random_inputs()
-        for _ in range(warmup):
-            self(inputs)
-        times = []
-        for _ in range(repeats):
-            start = _time.perf_counter()
-            self(inputs)
-            times.append(_time.perf_counter() - start)
-        return statistics.median(times)
+        return _median_seconds(lambda: self(inputs), repeats, warmup)
 
     def summary(self) -> list[dict[str, Any]]:
         """One row per task: name, weight, FLOPs, where its program came from, stored seconds."""
@@ -290,15 +281,22 @@ class CompiledModel:
         for name, compiled in self.kernels.items():
             arrays = next(a for kernel, a in self._calls if kernel is compiled.kernel)
             alone = Chain([(compiled.kernel, arrays)])  # one native call, as the model calls it
-            for _ in range(warmup):
-                alone()
-            times = []
-            for _ in range(repeats):
-                start = _time.perf_counter()
-                alone()
-                times.append(_time.perf_counter() - start)
-            medians[name] = statistics.median(times)
+            medians[name] = _median_seconds(alone, repeats, warmup)
         return medians
+
+
+def _median_seconds(call: Callable[[], object], repeats: int, warmup: int) -> float:
+    """The median seconds of one `call`, over `repeats` calls after `warmup`."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = _time.perf_counter()
+        call()
+        times.append(_time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _compare(ours: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndarray],
