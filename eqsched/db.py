@@ -555,15 +555,19 @@ class Database:
 
     def finish_run(self, run_id: int, *, status: str, summary: dict) -> None:
         """Mark a run finished: status is "done", "interrupted" or "failed"."""
+        self._finish("runs", "run", run_id, status, summary)
+
+    def _finish(self, table: str, what: str, run_id: int, status: str, summary: dict) -> None:
+        """Set a row of `table` (runs or model_runs) finished with its status and summary."""
         if status not in RUN_STATUSES:
             raise ValueError(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
         self._writable()
-        with self._sql("finish_run") as conn:
+        with self._sql(f"finish_{what.replace(' ', '_')}") as conn:
             cursor = conn.execute(
-                "UPDATE runs SET status = ?, summary = ?, finished_at = ? WHERE id = ?",
-                (status, _json(summary, "run summary"), time.time(), run_id))
+                f"UPDATE {table} SET status = ?, summary = ?, finished_at = ? WHERE id = ?",
+                (status, _json(summary, f"{what} summary"), time.time(), run_id))
         if cursor.rowcount == 0:
-            raise DatabaseError(f"{self.path} has no run {run_id}")
+            raise DatabaseError(f"{self.path} has no {what} {run_id}")
 
     def runs(self, workload: str | None = None, size: Sequence[int] | None = None) -> list[dict]:
         """Runs (oldest first) as dicts: id, workload, size, seed, budget, rules, cost_model,
@@ -752,15 +756,7 @@ class Database:
 
     def finish_model_run(self, run_id: int, *, status: str, summary: dict) -> None:
         """Mark a model run finished ("done", "interrupted" or "failed") with its summary."""
-        if status not in RUN_STATUSES:
-            raise ValueError(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
-        self._writable()
-        with self._sql("finish_model_run") as conn:
-            cursor = conn.execute(
-                "UPDATE model_runs SET status = ?, summary = ?, finished_at = ? WHERE id = ?",
-                (status, _json(summary, "model run summary"), time.time(), run_id))
-        if cursor.rowcount == 0:
-            raise DatabaseError(f"{self.path} has no model run {run_id}")
+        self._finish("model_runs", "model run", run_id, status, summary)
 
     def model_runs(self, model: str | None = None) -> list[dict]:
         """Model runs (oldest first, of every machine: `machine_fp` says whose) as dicts: id,
