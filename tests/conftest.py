@@ -1,7 +1,8 @@
 """Shared test helpers: `within`, which fails a test that would otherwise hang,
 `synthetic_machine`, a machine model of no particular CPU, `small_search`, which makes
 explore's search cheap for tests about what surrounds it, and `LatencyCurve`, a synthetic task
-for the task-tuning loop and its schedulers."""
+for the task-tuning loop and its schedulers; `SMALL_MODELS`, the built-in models at small
+sizes."""
 
 import signal
 from contextlib import contextmanager
@@ -12,6 +13,10 @@ import eqsched.explore as explore_module
 from eqsched.extract.search import EvolutionarySearch
 from eqsched.machine_model import MachineModel
 
+# Each built-in model at sizes whose tasks compile and run in seconds: (name, get_model params).
+SMALL_MODELS = [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
+                ("bert_layer", {"seq": 8, "hidden": 16, "heads": 2, "ffn": 32}),
+                ("resnet_block", {"channels": 4, "size": 6})]
 
 def small_search(monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes `explore` search a quarter of the default population on one island: a round of

@@ -2,6 +2,7 @@
 by its own trace from the naive program, and vectorizes a matmul along its columns."""
 
 import pytest
+from conftest import SMALL_MODELS
 
 from eqsched.backend import CompileOptions, compile_program
 from eqsched.default_schedule import default_schedule
@@ -12,12 +13,9 @@ from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.schedule import Schedule
 
 ONE_THREAD = CompileOptions(threads=1)
-SMALL = [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
-         ("bert_layer", {"seq": 8, "hidden": 16, "heads": 2, "ffn": 32}),
-         ("resnet_block", {"channels": 4, "size": 6})]
 
 
-@pytest.mark.parametrize("name,params", SMALL)
+@pytest.mark.parametrize("name,params", SMALL_MODELS)
 def test_every_task_s_default_schedule_computes_its_computation_and_replays(name, params):
     lanes = ONE_THREAD.target.vector_lanes
     for task in extract_tasks(get_model(name, **params)):

@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from conftest import SMALL_MODELS
 from model_checks import random_inputs as model_inputs
 
 from eqsched.backend import CompileOptions
@@ -25,12 +26,9 @@ from eqsched.schedule import ScheduleError
 from eqsched.trials import Settings, measurement_key, record_of
 
 ONE_THREAD = CompileOptions(threads=1)
-SMALL = [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
-         ("bert_layer", {"seq": 8, "hidden": 16, "heads": 2, "ffn": 32}),
-         ("resnet_block", {"channels": 4, "size": 6})]
 
 
-@pytest.mark.parametrize("name,params", SMALL)
+@pytest.mark.parametrize("name,params", SMALL_MODELS)
 def test_a_compiled_built_in_model_equals_model_evaluate(name, params):
     model = get_model(name, **params)
     compiled = CompiledModel(model, options=ONE_THREAD)
@@ -176,7 +174,7 @@ def test_an_imported_onnx_model_runs_end_to_end_and_agrees_with_onnxruntime(tmp_
     assert verdict.correct is False and "probs_out" in verdict.message
 
 
-@pytest.mark.parametrize("name,params", SMALL)
+@pytest.mark.parametrize("name,params", SMALL_MODELS)
 def test_a_built_in_model_exported_to_onnx_and_imported_agrees_with_onnxruntime(name, params,
                                                                                tmp_path):
     pytest.importorskip("onnx", reason="the onnx extra is not installed")
