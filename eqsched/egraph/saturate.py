@@ -220,6 +220,19 @@ def enodes(egraph: EGraph) -> int:
     return sum(n for _, n in egraph.all_function_sizes())
 
 
+# egglog-python binds each subterm with several parents to a global `$__expr_<n>`, n counting from
+# 0. With egglog 13 the serialized e-graph then showed wrong literals for some programs (a loop
+# over "C.j" whose piece read "C.i") when two names differed only by trailing digits ($__expr_1,
+# $__expr_11); renaming either one cured it. Counting from 10**9 gives every name the same width.
+_LET_NUMBERS_FROM = 10**9
+
+
+def _add_program(egraph: EGraph, root: Root) -> None:
+    state = egraph._state  # egglog-python's lowering state: where the let counter lives
+    state.expr_to_let_counter = max(state.expr_to_let_counter, _LET_NUMBERS_FROM)
+    egraph.register(program_root(root))
+
+
 def saturate(naive: Program, rules: Sequence[RewriteRule] = (), limits: Limits | None = None,
              phases: Sequence[Phase] | None = None, *, start: Term | None = None) -> Saturation:
     """Build the e-graph of `start` (default: `naive` itself, encoded) and grow it with `rules`,
@@ -237,7 +250,7 @@ def _saturate(naive: Program, rules: Sequence[RewriteRule], limits: Limits | Non
     term = start if start is not None else encode(naive, facts)[0]
     root = root_expr(term)
     egraph = EGraph()
-    egraph.register(program_root(root))
+    _add_program(egraph, root)
     runner = Runner(egraph, facts, limits)
     plan = phases if phases is not None else [("all", rules)]
     done: list[dict[str, Any]] = []
