@@ -383,7 +383,8 @@ class TaskTuner:
                                              vector_lanes(self.options.target.vector_lanes))
         gate = TimingGate()
         search = _search(space, self.model, self.seed, gate,
-                         machine_model(self.options.target).peak_gflops, self.population)
+                         machine_model(self.options.target).peak_gflops, self.population,
+                         self.options.thread_count)
         measurer = Measurer(self.database, self.result.workload, self.result.size, self.naive,
                             self.settings, self.result.run_id, gate, self.jobs)
         run = _Exploration(self.result, self.model, search, measurer, self.budget,
@@ -455,15 +456,16 @@ def check_population(population: Any) -> int:
 
 
 def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
-            calibrated_peak_gflops: float, population: int) -> EvolutionarySearch:
+            calibrated_peak_gflops: float, population: int, threads: int) -> EvolutionarySearch:
     """The run's search: it waits while a candidate is timed. A first-round population predicted
     at half of one core's peak or better needs no more islands (at all cores' peak the threshold
     went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3). The peak is
     the target's calibrated one (the machine model, cached on disk), never the one measured in
     this process: that varies with the load (32 to 169 GFLOPS on one machine), and where it fell
-    decided how many islands ran, so which programs a seed proposed (§17.3)."""
+    decided how many islands ran, so which programs a seed proposed (§17.3). On several
+    threads it completes candidates with parallel root loops (§9)."""
     return EvolutionarySearch(
-        space, model, seed=seed, population=population, wait_turn=gate.wait_turn,
+        space, model, seed=seed, population=population, wait_turn=gate.wait_turn, threads=threads,
         settled_s=space.naive.computation.flops / (0.5 * calibrated_peak_gflops * 1e9))
 
 

@@ -39,16 +39,17 @@ See docs/ARCHITECTURE.md §9 The search.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from eqsched.egraph.derive import DeriveError, derive, realize, verify
 from eqsched.egraph.space import Slot, Space
-from eqsched.egraph.term import BlockRef, Sizes, Term, show, walk
+from eqsched.egraph.term import BlockRef, PieceLoop, Sizes, Stmt, Term, show, walk
 from eqsched.ir import LoopKind, Program
 from eqsched.schedule import ScheduleError
 
@@ -66,6 +67,12 @@ CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # tiles), and of re-sized groups, the share drawn among those: remainder tiles outnumber them
 # (a power of two gains the 3 x 2^a tiles) and uniform draws then miss the whole-tile sketches.
 PERFECT_SHARE = 0.5
+# In a run on several threads, the share of fresh draws whose root nests are then made parallel
+# where the space allows (MetaSchedule's ParallelizeVectorizeUnroll annotates every sketch so),
+# and of mutations that do it: a draw rarely holds both a good register tile and a parallel root
+# loop, and mutations that re-pick one slot at a time rarely bring the two together.
+PARALLEL_SHARE = 0.5
+PARALLEL_MUTATION = 0.2
 ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
 # Per top-level statement, in program order: its walk's slots and the groups it loops over.
 Statements = tuple[tuple[tuple[Slot, ...], frozenset[str]], ...]
@@ -131,8 +138,9 @@ class EvolutionarySearch:
                  max_unrolled: int = MAX_UNROLLED, first_islands: int = 3,
                  first_population: int | None = None,
                  settled_s: float = 0.0, whole_space: int | None = None,
-                 wait_turn: Callable[[], object] | None = None):
+                 wait_turn: Callable[[], object] | None = None, threads: int = 1):
         self.space, self.model = space, model
+        self.threads = threads
         self.wait_turn = wait_turn or (lambda: None)
         self.rng = random.Random(seed)
         self.population, self.generations = population, generations
@@ -171,6 +179,8 @@ class EvolutionarySearch:
                 cand = self._grow(self.space.picks_for(term), assignment)
             else:
                 cand = self._grow({}, {})
+            if cand is not None and self.threads > 1 and self.rng.random() < PARALLEL_SHARE:
+                cand = self.parallelized(cand) or cand
             if cand is not None:
                 return cand
         return None
@@ -342,8 +352,45 @@ class EvolutionarySearch:
             self._programs.popitem(last=False)
         return prog
 
+    def parallelized(self, cand: Candidate) -> Candidate | None:
+        """The candidate with each root nest's outermost loop of at least `threads` iterations
+        made parallel, where the space has that program (a root loop of one iteration, a batch
+        of one, may give way to the loop it holds); None when no root nest changes."""
+        body = cand.term.body
+        changed = False
+        for index, stmt in enumerate(body):
+            for variant in self._parallel_forms(stmt, cand.sizes):
+                term = dataclasses.replace(cand.term,
+                                           body=body[:index] + (variant,) + body[index + 1:])
+                if self.space.contains(term, cand.sizes):
+                    body, changed = term.body, True
+                    break
+        if not changed:
+            return None
+        return self._grow(self.space.picks_for(dataclasses.replace(cand.term, body=body)),
+                          cand.assignment)
+
+    def _parallel_forms(self, stmt: Stmt, sizes: Sizes) -> Iterator[Stmt]:
+        """A root statement's parallel forms that can keep `threads` cores busy: its loop made
+        parallel, or the loop a one-iteration loop holds alone, moved out and made parallel."""
+        if not isinstance(stmt, PieceLoop) or stmt.kind == LoopKind.PARALLEL.value:
+            return
+        parallel = LoopKind.PARALLEL.value
+        if sizes[stmt.group, stmt.path] >= self.threads:
+            yield dataclasses.replace(stmt, kind=parallel)
+        elif sizes[stmt.group, stmt.path] == 1 and len(stmt.body) == 1:
+            inner = stmt.body[0]
+            if isinstance(inner, PieceLoop) and sizes[inner.group, inner.path] >= self.threads:
+                yield dataclasses.replace(inner, kind=parallel,
+                                          body=(dataclasses.replace(stmt, body=inner.body),))
+
     def mutate(self, cand: Candidate) -> Candidate | None:
-        """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
+        """One random change: re-pick a slot, re-size a group, or move a factor between pieces;
+        on several threads, sometimes make the root nests parallel instead."""
+        if self.threads > 1 and self.rng.random() < PARALLEL_MUTATION:
+            child = self.parallelized(cand)
+            if child is not None:
+                return child
         move = self.rng.random()
         if move < 0.4 and cand.picks:
             # Walk order, not e-class ids: egglog numbers classes differently from run to run.
