@@ -67,12 +67,6 @@ CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # tiles), and of re-sized groups, the share drawn among those: remainder tiles outnumber them
 # (a power of two gains the 3 x 2^a tiles) and uniform draws then miss the whole-tile sketches.
 PERFECT_SHARE = 0.5
-# In a run on several threads, the share of fresh draws whose root nests are then made parallel
-# where the space allows (MetaSchedule's ParallelizeVectorizeUnroll annotates every sketch so),
-# and of mutations that do it: a draw rarely holds both a good register tile and a parallel root
-# loop, and mutations that re-pick one slot at a time rarely bring the two together.
-PARALLEL_SHARE = 0.5
-PARALLEL_MUTATION = 0.2
 ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
 # Per top-level statement, in program order: its walk's slots and the groups it loops over.
 Statements = tuple[tuple[tuple[Slot, ...], frozenset[str]], ...]
@@ -161,6 +155,7 @@ class EvolutionarySearch:
         self._programs: OrderedDict[tuple, Program | None] = OrderedDict()
         self._verified_hashes: set[str] = set()
         self._perfect_options: dict[int, tuple[list, list]] = {}  # id(options) -> it, perfect
+        self._parallel_twins: dict[str, Candidate | None] = {}  # this round's, by parent hash
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -179,8 +174,6 @@ class EvolutionarySearch:
                 cand = self._grow(self.space.picks_for(term), assignment)
             else:
                 cand = self._grow({}, {})
-            if cand is not None and self.threads > 1 and self.rng.random() < PARALLEL_SHARE:
-                cand = self.parallelized(cand) or cand
             if cand is not None:
                 return cand
         return None
@@ -352,6 +345,16 @@ class EvolutionarySearch:
             self._programs.popitem(last=False)
         return prog
 
+    def _parallel_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
+        """On several threads, each parent's `parallelized` twin (made once a round: parents
+        stay parents for several generations)."""
+        if self.threads <= 1:
+            return []
+        for parent in parents:
+            if parent.hash not in self._parallel_twins:
+                self._parallel_twins[parent.hash] = self.parallelized(parent)
+        return [self._parallel_twins[parent.hash] for parent in parents]
+
     def parallelized(self, cand: Candidate) -> Candidate | None:
         """The candidate with each root nest's outermost loop of at least `threads` iterations
         made parallel, where the space has that program (a root loop of one iteration, a batch
@@ -385,12 +388,7 @@ class EvolutionarySearch:
                                           body=(dataclasses.replace(stmt, body=inner.body),))
 
     def mutate(self, cand: Candidate) -> Candidate | None:
-        """One random change: re-pick a slot, re-size a group, or move a factor between pieces;
-        on several threads, sometimes make the root nests parallel instead."""
-        if self.threads > 1 and self.rng.random() < PARALLEL_MUTATION:
-            child = self.parallelized(cand)
-            if child is not None:
-                return child
+        """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
         move = self.rng.random()
         if move < 0.4 and cand.picks:
             # Walk order, not e-class ids: egglog numbers classes differently from run to run.
@@ -481,6 +479,7 @@ class EvolutionarySearch:
         merged and ranked; the best are kept as the next round's survivors."""
         seeds = [*elites, *self._kept]
         merged: dict[str, Candidate] = {}
+        self._parallel_twins.clear()
         # With nothing measured or kept yet, one population often settles on a poor sketch of
         # a fused chain (docs/ARCHITECTURE.md §17.3): evolve more while the best is predicted
         # slower than `settled_s`.
@@ -529,6 +528,10 @@ class EvolutionarySearch:
             add(self.crossover(*self.rng.sample(parents, 2))
                 if len(parents) > 1 and self.rng.random() < CROSSOVER_SHARE
                 else self.mutate(self.rng.choice(parents)) for _ in range(size))
+            # MetaSchedule's ParallelizeVectorizeUnroll makes every sketch's outer loops
+            # parallel; here the parents' twins join the pool beside them and the model decides
+            # (a draw rarely holds both a good register tile and a parallel root loop).
+            add(self._parallel_twins_of(parents))
             ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in ranked[: size]}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from eqsched.backend import compile_program
+from eqsched.backend import CompileOptions, compile_program
 from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import BlockRef, Cached, symbols, walk
 from eqsched.extract import CostModel, EvolutionarySearch, get_cost_model
@@ -485,3 +485,79 @@ def test_the_repair_leaves_unrolled_a_loop_that_has_no_serial_form():
     drawn = [search.random_candidate() for _ in range(150)]
     assert all(c is None or c.program is not None for c in drawn)
     assert sum(c is not None for c in drawn) > 100
+
+
+def _root_kinds(cand):
+    return [stmt.kind for stmt in cand.term.body if hasattr(stmt, "kind")]
+
+
+def _runs_right_on_two_threads(cand, space):
+    comp = space.naive.computation
+    inputs = random_inputs(comp, 0)
+    outputs = compile_program(cand.program, CompileOptions(threads=2)).run(inputs)
+    ok, _, message = compare(outputs, reference(comp, inputs), tolerance(comp))
+    assert ok, message
+
+
+def test_on_several_threads_a_candidate_is_completed_with_parallel_root_loops(space):
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=2, threads=2)
+    completed = 0
+    for _ in range(40):
+        cand = search.random_candidate()
+        if LoopKind.PARALLEL.value in _root_kinds(cand):
+            continue
+        child = search.parallelized(cand)
+        if child is None:
+            continue
+        assert space.contains(child.term, child.sizes)
+        assert child.sizes == cand.sizes  # the same tiles, only the root loops' kinds change
+        assert LoopKind.PARALLEL.value in _root_kinds(child)
+        for stmt in child.term.body:
+            if getattr(stmt, "kind", None) == LoopKind.PARALLEL.value:
+                assert child.sizes[stmt.group, stmt.path] >= 2
+        if completed < 3:
+            _runs_right_on_two_threads(child, space)
+        completed += 1
+    assert completed >= 3
+
+
+def test_a_batch_of_one_gives_way_to_the_loop_it_holds_to_run_in_parallel():
+    row = build_space(naive_program(get_workload("matmul").build(1, 32, 8)), default_rules())
+    search = EvolutionarySearch(row, FewestScalarIterations(), seed=0, threads=2)
+    moved = 0
+    for _ in range(40):
+        cand = search.random_candidate()
+        first = cand.term.body[0]
+        if first.group != "C.i" or first.kind == LoopKind.PARALLEL.value:
+            continue
+        child = search.parallelized(cand)
+        if child is None:
+            continue
+        top = child.term.body[0]
+        assert top.kind == LoopKind.PARALLEL.value and top.group != "C.i"
+        assert [stmt.group for stmt in top.body] == ["C.i"]
+        _runs_right_on_two_threads(child, row)
+        moved += 1
+    assert moved >= 1
+
+
+
+class PrefersParallelRoots(FewestScalarIterations):
+    """FewestScalarIterations, halved for a program with a parallel loop."""
+
+    name = "test-parallel-roots"
+
+    def predict(self, programs):
+        base = super().predict(programs)
+        return np.array([t / 2 if any(lp.kind == LoopKind.PARALLEL for lp in p.loops()) else t
+                         for t, p in zip(base, programs)])
+
+
+def test_a_search_on_two_threads_proposes_parallel_twins_the_model_prefers(space):
+    search = EvolutionarySearch(space, PrefersParallelRoots(), seed=3, population=24,
+                                generations=2, random_fraction=0, threads=2)
+    batch = search.propose(6)
+    assert len(batch) == 6
+    for cand, _ in batch:
+        assert space.contains(cand.term, cand.sizes)
+        assert LoopKind.PARALLEL.value in _root_kinds(cand)
