@@ -28,6 +28,7 @@ PRIME_SIZES = {
     "batch_matmul": (2, 7, 11, 5),
     "conv2d_nchw": (1, 3, 7, 5, 5, 3, 3, 1, 1),
     "elementwise_chain": (127,),
+    "gemv": (13, 11),
     "matmul": (13, 11, 7),
     "mlp": (5, 13, 11, 7),
     "mm_exp_mm": (7, 5, 11, 13),
