@@ -60,7 +60,7 @@ import numpy as np
 from .backend.target import Target, create_target_machine, host
 from .machine import cache_levels, cache_sizes, facts
 
-CALIBRATION_VERSION = 6  # bump when a kernel or a field changes: older cache files are redone
+CALIBRATION_VERSION = 5  # bump when a kernel or a field changes: older cache files are redone
 LEVELS = ("L1d", "L2", "L3", "DRAM")
 PORTS = ("compute", "loads", "stores")
 # Used only where sysfs says nothing: the smallest caches of a current x86 core.
@@ -71,7 +71,7 @@ STRIDE_BYTES = 4096  # the strided walk's step: a page, past what any prefetcher
 BOUNDS = {"hz": (2e8, 1e10), "issue_width": (1.0, 16.0), "fma_per_cycle": (0.1, 8.0),
           "fma_latency": (1.0, 24.0), "loads_per_cycle": (0.1, 8.0),
           "stores_per_cycle": (0.05, 8.0), "bandwidth": (0.05, 2048.0),
-          "strided_fill": (0.5, 200.0), "parallel_call_seconds": (1e-8, 1e-2)}
+          "strided_fill": (0.5, 200.0)}
 
 
 class CalibrationError(RuntimeError):
@@ -110,7 +110,6 @@ class MachineModel:
     bandwidth_all_cores: dict[str, float]
     cores: int
     strided_fill: float
-    parallel_call_seconds: float  # the backend's thread pool: a call split among `cores` threads
     calibration_seconds: float = 0.0
     l2_sets: int = 0  # 0: unknown (no set conflicts are modelled in the L2)
     l2_ways: int = 0
@@ -185,9 +184,7 @@ class MachineModel:
                        f"core, {every * ghz:6.1f} GB/s on {self.cores} "
                        f"({every / one:.2f}x)")
         out.append(f"a line fetched 4 KiB apart from the L3 costs {self.strided_fill:.2f}x a "
-                   f"streamed one; a parallel call on {self.cores} threads costs "
-                   f"{self.parallel_call_seconds * 1e6:.1f} us; calibration took "
-                   f"{self.calibration_seconds:.1f} s")
+                   f"streamed one; calibration took {self.calibration_seconds:.1f} s")
         return out
 
 
@@ -290,8 +287,7 @@ def _kernels_ir(lanes: int, accumulators: int, line: int) -> str:
     `line`-byte cache lines."""
     bits = lanes * 32
     parts = [_clock_ir(), _issue_ir(), _fma_chain_ir(lanes), _stream_ir("stream", lanes, 4 * lanes),
-             _stream_ir("walk", lanes, STRIDE_BYTES), _split_loads_ir(lanes, line),
-             "define void @chunk(i64 %lo, i64 %hi) #0 {\nentry:\n  ret void\n}"]
+             _stream_ir("walk", lanes, STRIDE_BYTES), _split_loads_ir(lanes, line)]
     for width in (lanes, lanes // 2):
         parts += [_fma_ir(width, accumulators), _moves_ir(width)]
     parts.append(f'attributes #0 = {{ "min-legal-vector-width"="{bits}" '
@@ -459,7 +455,6 @@ class _Kernels:
         self.store = {w: self._get(f"store{w}", None, steps, pointer)
                       for w in (self.lanes, self.lanes // 2)}
         self.split_load = self._get("split_load", None, steps, pointer)
-        self.chunk = self._get("chunk", None, steps, steps)  # a parallel loop's empty chunk
 
     def _get(self, name: str, result: object, *args: object) -> Callable:
         return ctypes.CFUNCTYPE(result, *args)(self.engine.get_function_address(name))
@@ -486,23 +481,6 @@ def _rate(call: Callable[[int], object], seconds: float, repeats: int) -> float:
         n *= min(1024, max(2, math.ceil(seconds / max(spent, 1e-6))))
     times = [_cpu_seconds(lambda: call(n)) for _ in range(repeats)]
     return n / max(statistics.median(times), 1e-9)
-
-
-def _parallel_call_seconds(chunk: Callable[[int, int], None], cores: int, repeats: int,
-                           calls: int = 200) -> float:
-    """Wall seconds of one parallel call of empty chunks through the backend's thread pool on
-    `cores` threads: the hand-offs a parallel root loop pays on every call of its kernel. Wall,
-    not CPU time: the caller waits on the helpers' locks."""
-    from .backend.kernel import run_parallel
-
-    def batch() -> float:
-        start = time.perf_counter()
-        for _ in range(calls):
-            run_parallel(chunk, cores, (), cores)
-        return (time.perf_counter() - start) / calls
-
-    batch()  # starts the helper threads
-    return statistics.median(batch() for _ in range(repeats))
 
 
 class _Buffer:
@@ -574,15 +552,12 @@ def calibrate(target: Target | None = None, *, seconds: float = 0.002,
     bandwidth = {level: measured("bandwidth", b / hz) for level, b in bandwidth.items()}
     all_cores = {level: measured("bandwidth", b / hz) for level, b in all_cores.items()}
     strided = measured("strided_fill", streams.strided_fill())
-    parallel_call = measured("parallel_call_seconds",
-                             _parallel_call_seconds(kernels.chunk, streams.cores, repeats))
     return MachineModel(
         target=target.spec, cpu_model=str(facts()["cpu_model"]),
         vector_lanes=target.vector_lanes, vector_registers=target.vector_registers,
         line_bytes=line, l1_sets=sets, l1_ways=ways, caches=caches, hz=hz, **figures,
         bandwidth=bandwidth, bandwidth_all_cores=all_cores, cores=streams.cores,
-        strided_fill=strided, parallel_call_seconds=parallel_call,
-        calibration_seconds=round(time.perf_counter() - began, 2),
+        strided_fill=strided, calibration_seconds=round(time.perf_counter() - began, 2),
         l2_sets=l2_sets, l2_ways=l2_ways)
 
 

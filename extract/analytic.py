@@ -97,6 +97,7 @@ CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks th
 RMW_CYCLES = 3.0  # a register of an accumulator updated in memory: load, FMA, store
 SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
 LOOP_ENTRY_CYCLES = 3.0
+PARALLEL_CALL_SECONDS = 5e-6  # the backend's thread pool hands out a parallel loop's chunks
 # Per fill term: the level whose capacity holds the working set and the level its lines come
 # from, and the share of the level a working set may fill before conflicts and other data evict
 # it.
@@ -194,7 +195,7 @@ class AnalyticModel(CostModel):
             out["loop_overhead"] += overhead
             out["total"] += overhead
             if parallel:
-                out["parallel"] += machine.parallel_call_seconds
+                out["parallel"] += PARALLEL_CALL_SECONDS
         out["total"] += out["parallel"] + 1e-9  # an empty program still costs a call
         return out
 

@@ -31,7 +31,6 @@ def test_a_tiny_calibration_of_the_host_gives_sane_figures(host_model):
     assert one["L1d"] > 2 * one["DRAM"]  # the clamp to monotone cannot make this true
     assert all(host_model.bandwidth_all_cores[level] >= one[level] for level in mm.LEVELS)
     assert host_model.peak_gflops > 1
-    assert 1e-8 < host_model.parallel_call_seconds < 1e-2  # the backend's thread pool, timed
     assert host_model.line_bytes in (32, 64, 128) and host_model.l1_sets * host_model.l1_ways > 0
 
 
