@@ -463,7 +463,7 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
     the target's calibrated one (the machine model, cached on disk), never the one measured in
     this process: that varies with the load (32 to 169 GFLOPS on one machine), and where it fell
     decided how many islands ran, so which programs a seed proposed (§17.3). On several
-    threads it completes candidates with parallel root loops (§9)."""
+    threads it adds each parent's parallel twin to the pool (§9)."""
     return EvolutionarySearch(
         space, model, seed=seed, population=population, wait_turn=gate.wait_turn, threads=threads,
         settled_s=space.naive.computation.flops / (0.5 * calibrated_peak_gflops * 1e9))

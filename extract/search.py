@@ -15,6 +15,9 @@ random walks; it mutates the best (re-pick one slot, re-size one group, or nudge
 two between two pieces of a group) and crosses pairs of them, keeps the best distinct programs,
 and returns the top `k` the caller has not measured, with a few random picks mixed in so a wrong
 model still sees new ground.
+On several threads each generation also adds every parent's parallel twin (its root loops made
+parallel where the space has that program), as MetaSchedule's ParallelizeVectorizeUnroll does to
+every sketch.
 A round evolves for `generations` generations, and on (up to `max_generations`) while the
 predicted top `k` still gains: large spaces (fused chains) need many more than small ones. The
 first round, with no elites or survivors to start from, evolves up to `first_islands`
