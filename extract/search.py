@@ -362,19 +362,16 @@ class EvolutionarySearch:
         """The candidate with each root nest's outermost loop of at least `threads` iterations
         made parallel, where the space has that program (a root loop of one iteration, a batch
         of one, may give way to the loop it holds); None when no root nest changes."""
-        body = cand.term.body
-        changed = False
-        for index, stmt in enumerate(body):
+        term = cand.term
+        for index, stmt in enumerate(term.body):
             for variant in self._parallel_forms(stmt, cand.sizes):
-                term = dataclasses.replace(cand.term,
-                                           body=body[:index] + (variant,) + body[index + 1:])
-                if self.space.contains(term, cand.sizes):
-                    body, changed = term.body, True
+                body = term.body[:index] + (variant,) + term.body[index + 1:]
+                if self.space.contains(dataclasses.replace(term, body=body), cand.sizes):
+                    term = dataclasses.replace(term, body=body)
                     break
-        if not changed:
+        if term is cand.term:
             return None
-        return self._grow(self.space.picks_for(dataclasses.replace(cand.term, body=body)),
-                          cand.assignment)
+        return self._grow(self.space.picks_for(term), cand.assignment)
 
     def _parallel_forms(self, stmt: Stmt, sizes: Sizes) -> Iterator[Stmt]:
         """A root statement's parallel forms that can keep `threads` cores busy: its loop made

@@ -541,7 +541,6 @@ def test_a_batch_of_one_gives_way_to_the_loop_it_holds_to_run_in_parallel():
     assert moved >= 1
 
 
-
 class PrefersParallelRoots(FewestScalarIterations):
     """FewestScalarIterations, halved for a program with a parallel loop."""
 
@@ -553,11 +552,16 @@ class PrefersParallelRoots(FewestScalarIterations):
                          for t, p in zip(base, programs)])
 
 
-def test_a_search_on_two_threads_proposes_parallel_twins_the_model_prefers(space):
-    search = EvolutionarySearch(space, PrefersParallelRoots(), seed=3, population=24,
-                                generations=2, random_fraction=0, threads=2)
-    batch = search.propose(6)
-    assert len(batch) == 6
-    for cand, _ in batch:
-        assert space.contains(cand.term, cand.sizes)
-        assert LoopKind.PARALLEL.value in _root_kinds(cand)
+def test_a_round_on_two_threads_makes_parallel_twins_and_one_thread_makes_none(space):
+    rounds = {}
+    for threads in (1, 2):
+        search = EvolutionarySearch(space, PrefersParallelRoots(), seed=3, population=24,
+                                    generations=2, random_fraction=0, threads=threads)
+        batch = search.propose(6)
+        assert len(batch) == 6
+        for cand, _ in batch:
+            assert space.contains(cand.term, cand.sizes)
+            assert LoopKind.PARALLEL.value in _root_kinds(cand)  # what the model prefers
+        rounds[threads] = [t for t in search._parallel_twins.values() if t is not None]
+    assert rounds[1] == []
+    assert rounds[2] and all(space.contains(t.term, t.sizes) for t in rounds[2])
