@@ -198,10 +198,11 @@ def test_packed_register_tiled_matmul_matches_numpy_and_interpreter():
     np.testing.assert_allclose(c, run_program(prog, {"A": a, "B": b})["C"], rtol=1e-5, atol=1e-5)
 
 
-def test_register_tile_is_promoted_and_uses_zmm_fmas():
+def test_register_tile_is_promoted_and_uses_the_widest_fmas():
     kernel = compile_program(packed_matmul(8, 64, 9, rows=4))
     assert "alloca" not in kernel.llvm_ir()  # SROA turned C.local into vector registers
-    assert re.search(r"vfmadd\w*ps\s+[^\n]*zmm", kernel.asm())
+    register = "zmm" if Target.host().vector_lanes == 16 else "ymm"
+    assert re.search(rf"vfmadd\w*ps\s+[^\n]*{register}", kernel.asm())
 
 
 def test_transpose_vectorized_on_the_store_side_gathers_the_loads():
@@ -374,6 +375,31 @@ def test_a_padded_pack_copies_whole_panels_then_peels_the_last():
                      text)  # the whole panels' loop
     assert ".if" not in text  # no block guarded at run time: every tail is peeled
     assert_matches_reference(sch.program, seed=4)
+
+
+def panels_under_a_wide_vector(n: int, factor: int) -> Program:
+    """B packed in `factor`-wide panels under a 64-wide vector of j: each register's lanes are
+    contiguous in one panel, the 64 lanes are not."""
+    sch = Schedule(naive_program(matmul(6, n, 5)))
+    sch.pack("C.update", "B", dim=1, factor=factor)
+    sch.split("C.j", [-1, 64])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.vectorize("C.j.1")
+    return sch.program
+
+
+def test_a_vector_over_several_packed_panels_loads_each_panels_run():
+    text = str(lower(panels_under_a_wide_vector(128, 16), "", "")[0])
+    assert "gather" not in text
+    assert len(re.findall(r"load <16 x float>", text)) == 4  # B_packed's four runs
+    assert_matches_reference(panels_under_a_wide_vector(128, 16), seed=5)
+
+
+def test_a_masked_vector_over_packed_panels_gathers_its_runs():
+    # 120 columns: the last step's 56 active lanes read the padded panels through the mask.
+    prog = panels_under_a_wide_vector(120, 16)
+    assert "gather" in str(lower(prog, "", "")[0])
+    assert_matches_reference(prog, seed=6)
 
 
 def test_a_register_tile_over_a_tail_stays_in_registers():

@@ -38,11 +38,13 @@ Scalar = int | ir.Value  # an index value: folded constant or i64 / <L x i64> SS
 
 @dataclass
 class Address:
-    """Element offset of an access: `scalar + stride * lane`, or per-lane `vector` offsets."""
+    """Element offset of an access: `scalar + stride * lane`, or per-lane `vector` offsets, or
+    contiguous `chunks`: the first element of each run of `len(lanes) // len(chunks)` lanes."""
 
     scalar: ir.Value
     stride: int = 0
     vector: ir.Value | None = None
+    chunks: list[ir.Value] | None = None
 
 
 class Indexer:
@@ -84,7 +86,10 @@ class Indexer:
         """An expression over the block's axes, rewritten over the enclosing loops."""
         return substitute(e, self.axes)
 
-    def address(self, buffer: str, indices: tuple[Expr, ...]) -> Address:
+    def address(self, buffer: str, indices: tuple[Expr, ...], chunked: bool = False) -> Address:
+        """Where an access goes. With `chunked` (a load), lanes that are not contiguous as a
+        whole but are in aligned runs (a 64-wide vector over 16-wide packed panels,
+        `W_packed[k // 16, .., k % 16]`) get the start of each run instead of a gather."""
         shape = self.prog.buffer(buffer).shape
         if len(indices) != len(shape):
             raise BackendError(
@@ -92,12 +97,47 @@ class Indexer:
         strides = [prod(shape[d + 1:]) for d in range(len(shape))]
         loop_indices = [self.loop_expr(ix) for ix in indices]
         try:
-            flat = Affine.of({})
-            for ix, stride in zip(loop_indices, strides):
-                flat = flat + to_affine(ix, self.ranges).scale(stride)
+            flat = self._flat(loop_indices, strides)
         except AffineError:
+            runs = self._runs(loop_indices, strides) if chunked else None
+            if runs is not None:
+                return runs
             return self._general_address(loop_indices, strides)
-        return self._affine_address(flat)
+        addr = self._affine_address(flat)
+        if chunked and addr.stride not in (0, 1):
+            return self._runs(loop_indices, strides) or addr
+        return addr
+
+    def _flat(self, indices: list[Expr], strides: list[int]) -> Affine:
+        flat = Affine.of({})
+        for ix, stride in zip(indices, strides):
+            flat = flat + to_affine(ix, self.ranges).scale(stride)
+        return flat
+
+    def _runs(self, indices: list[Expr], strides: list[int]) -> Address | None:
+        """The widest split of the vector's lanes into aligned runs (at least 4 lanes) each of
+        which is contiguous, as the start of each run; None if there is none."""
+        vec = self.vec
+        if vec is None or self.ranges[vec.name] != (0, vec.extent - 1):
+            return None
+        width = vec.extent // 2
+        while width >= 4 and vec.extent % width == 0:
+            starts = []
+            for run in range(vec.extent // width):
+                self.ranges[vec.name] = (run * width, run * width + width - 1)
+                try:
+                    const, lane_stride, terms = self._split_affine(self._flat(indices, strides))
+                except AffineError:
+                    break
+                finally:
+                    self.ranges[vec.name] = (0, vec.extent - 1)
+                if lane_stride != 1:
+                    break
+                starts.append(self._sum_terms(terms, const + run * width))
+            else:
+                return Address(starts[0], chunks=starts)
+            width //= 2
+        return None
 
     def _affine_address(self, flat: Affine) -> Address:
         const, lane_stride, terms = self._split_affine(flat)

@@ -24,6 +24,8 @@ from ..legality import loop_binding
 from .errors import BackendError
 from .indexing import LANES, Indexer
 from .mathlib import F32, I32, MathEmitter, broadcast, declare, same_shape
+from .transpose import emit as emit_transposes
+from .transpose import transposing_copy
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
@@ -104,6 +106,9 @@ class _FunctionEmitter:
 
     def emit_chunk(self, loop: Loop) -> None:
         lo, hi = self.fn.args[-2:]
+        if self._transposing_copy(loop, (lo, hi)):
+            self.b.ret_void()
+            return
         full, reach = self._span(loop)
         if full == loop.extent:
             self._counted_loop(loop, lo, hi)
@@ -137,6 +142,9 @@ class _FunctionEmitter:
                 f"parallel loop {loop.name} is not at the root of the program; only root loops "
                 "can be run in parallel"
             )
+        if not self.ix.env and self._transposing_copy(
+                loop, (ir.Constant(I64, 0), ir.Constant(I64, loop.extent))):
+            return
         full, reach = self._span(loop)
         if loop.kind == LoopKind.UNROLL:
             for value in range(reach):
@@ -155,6 +163,15 @@ class _FunctionEmitter:
                 self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, full))
             if reach > full:
                 self._tail(loop, full, reach)
+
+    def _transposing_copy(self, loop: Loop, panels: tuple[ir.Value, ir.Value]) -> bool:
+        """Emit a root pack nest that transposes as register-tile transposes (`transpose`);
+        False when `loop` is not one."""
+        copy = transposing_copy(loop, self.prog, self.register_lanes)
+        if copy is None:
+            return False
+        emit_transposes(self.b, self.fn, copy, self.ptrs[copy.src], self.ptrs[copy.dst], panels)
+        return True
 
     def _tail(self, loop: Loop, full: int, reach: int) -> None:
         """The partial steps [full, reach): peeled, so the loops inside shrink to what is left,
@@ -544,9 +561,11 @@ class _FunctionEmitter:
 
     def _load(self, ld: Load, mask: ir.Value | None) -> ir.Value:
         b = self.b
-        addr = self.ix.address(ld.buffer, ld.indices)
+        addr = self.ix.address(ld.buffer, ld.indices, chunked=True)
         vec = self.ix.vec
         mask = self._memory_mask(ld.buffer, mask)
+        if addr.chunks is not None:
+            return self._runs_load(ld.buffer, addr.chunks, mask)
         if mask is not None and mask is self.tail and addr.vector is None and addr.stride == 0:
             mask = None  # every lane reads the one element lane 0, which is active, reads
         vec_ty = ir.VectorType(F32, vec.extent) if vec is not None else None
@@ -574,6 +593,27 @@ class _FunctionEmitter:
             mask = ir.Constant(ir.VectorType(I1, vec_ty.count), [1] * vec_ty.count)
         return b.call(_gather(b.module, vec_ty), [ptrs, ir.Constant(I32, 4), mask,
                                                   ir.Constant(vec_ty, None)])
+
+    def _runs_load(self, buffer: str, starts: list[ir.Value], mask: ir.Value | None
+                   ) -> ir.Value:
+        """A vector read as contiguous runs, one plain load each, concatenated (LLVM keeps a
+        wide vector as registers, so a run of a register's width is one register load); under
+        a mask, a gather of the same elements."""
+        b, vec = self.b, self.ix.vec
+        assert vec is not None
+        ty, width = ir.VectorType(F32, vec.extent), vec.extent // len(starts)
+        if mask is not None:
+            run_lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+            offsets = [b.add(broadcast(b, s, run_lanes.type), run_lanes) for s in starts]
+            ptrs = self._gep(buffer, _concat(b, offsets))
+            return b.call(_gather(b.module, ty), [ptrs, ir.Constant(I32, 4), mask,
+                                                  ir.Constant(ty, None)])
+        runs = []
+        for start in starts:
+            run = b.load(self._gep(buffer, start), typ=ir.VectorType(F32, width))
+            run.align = 4
+            runs.append(run)
+        return _concat(b, runs)
 
     def _widen(self, value: ir.Value, ty: ir.Type) -> ir.Value:
         return broadcast(self.b, value, ty) if value.type != ty else value
@@ -610,6 +650,15 @@ def _place(b: ir.IRBuilder, whole: ir.Value, piece: ir.Value, start: int) -> ir.
         ir.VectorType(I32, n), list(range(k)) + [k] * (n - k)))
     return b.shuffle_vector(whole, wide, ir.Constant(ir.VectorType(I32, n), [
         n + lane - start if start <= lane < start + k else lane for lane in range(n)]))
+
+
+def _concat(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    """Vectors of one type joined end to end (pairwise: shufflevector joins two)."""
+    while len(parts) > 1:
+        n = parts[0].type.count
+        joined = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
+        parts = [b.shuffle_vector(x, y, joined) for x, y in zip(parts[::2], parts[1::2])]
+    return parts[0]
 
 
 def _masked_load(module: ir.Module, ty: ir.VectorType) -> ir.Function:
