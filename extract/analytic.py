@@ -75,6 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eqsched.affine import AffineError
+from eqsched.backend.transpose import TransposingCopy, transposing_copy
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope
 from eqsched.machine_model import MachineModel, machine_model
@@ -105,6 +106,7 @@ FILLS = {"l1_fill": ("L1d", "L2"), "l2_fill": ("L2", "L3"), "dram": ("L3", "DRAM
 # Per fill term: which lines count against the level's capacity: those crowded into few sets by
 # a power-of-two stride (as the share of ways they fill) in the set-associative L1 and L2, plain
 # lines in the L3 (hashed across slices).
+FILL_OF = {source: key for key, (_, source) in FILLS.items()}  # "L3" -> "l2_fill"
 PRESSURE = {"l1_fill": "l1_pressure", "l2_fill": "l2_pressure", "dram": "lines"}
 CACHE_SHARE = {"l1_fill": 0.75, "l2_fill": 0.75, "dram": 0.5}
 # ALU ops per evaluation; exp/log/tanh/erf are the backend's straight-line vector math.
@@ -121,6 +123,9 @@ class _Access:
     written: bool
     strides: tuple[tuple[int, int], ...]  # (loop position, flat stride in elements), non-zero
     regular: bool  # affine; otherwise `strides` guesses one line per step of each loop used
+    # A vector read in runs (`_runs`): (count, elements from one run's start to the next's);
+    # the vector loop's stride 1 then holds within a run only.
+    runs: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,18 @@ class AnalyticModel(CostModel):
             share = self._share(root)
             parallel = isinstance(root, Loop) and root.kind == LoopKind.PARALLEL
             streaming = self.threads if parallel else 1  # cores sharing the bandwidth
+            copy = transposing_copy(root, prog, machine.vector_lanes) \
+                if isinstance(root, Loop) else None
+            if copy is not None:
+                terms = _transpose_terms(copy, machine, streaming)
+                for key, cycles in terms.items():
+                    out[key] += cycles * share / self.hz
+                cycles = _soft_max(list(terms.values()))
+                out["copies"] += cycles * share / self.hz
+                out["total"] += cycles * share / self.hz
+                if parallel:
+                    out["parallel"] += PARALLEL_CALL_SECONDS
+                continue
             for name in _blocks_under(root):
                 loops, profile = sites[name][1], profiles[name]
                 terms = dict(profile.cycles)
@@ -299,6 +316,7 @@ class _BlockCoster:
         self.lanes = loops[self.vec].extent if vec else 1
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
+        self.spans: dict[int, tuple[int, int]] = {}  # loop position -> range, when not whole
         self.cycles = dict.fromkeys(("compute", "loads", "stores"), 0.0)
         self.instructions = 0.0
         self.hoisted_registers = 0
@@ -458,8 +476,13 @@ class _BlockCoster:
         if any(c % lanes for d, c in access.strides if d != self.vec):
             return False
         dims = self.shape[access.buffer]
-        offset = sum(self._affine(ix)[1] * math.prod(dims[d + 1:])
-                     for d, ix in enumerate(indices))
+        if self.vec is not None:  # a load in runs (`_runs`): where its first register starts
+            self.spans[self.vec] = (0, lanes - 1)
+        try:
+            offset = sum(self._affine(ix)[1] * math.prod(dims[d + 1:])
+                         for d, ix in enumerate(indices))
+        finally:
+            self.spans.pop(self.vec, None)
         return offset % lanes == 0
 
     def _live_copies(self, deps: frozenset[int]) -> int:
@@ -488,18 +511,59 @@ class _BlockCoster:
         return deps if self.hoisted_registers <= room else deps | {self.innermost}
 
     def _access(self, buffer: str, indices: tuple[Expr, ...], written: bool) -> _Access:
-        dims = self.shape[buffer]
-        flat: dict[int, int] = defaultdict(int)
         try:
-            for d, ix in enumerate(indices):
-                stride = math.prod(dims[d + 1:])
-                for loop, c in self._affine(ix)[0].items():
-                    flat[loop] += c * stride
+            flat: dict[int, int] | None = self._flat(buffer, indices)[0]
         except AffineError:
+            flat = None
+        runs = None
+        if not written and (flat is None or flat.get(self.vec, 0) not in (0, 1)):
+            found = self._runs(buffer, indices)
+            if found is not None:
+                flat, runs = found
+        if flat is None:
             used = self._loops_of(indices)
             return _Access(buffer, written, tuple((d, self.line_elems) for d in sorted(used)),
                            False)
-        return _Access(buffer, written, tuple(sorted((d, c) for d, c in flat.items() if c)), True)
+        return _Access(buffer, written, tuple(sorted((d, c) for d, c in flat.items() if c)), True,
+                       runs)
+
+    def _flat(self, buffer: str, indices: tuple[Expr, ...]) -> tuple[dict[int, int], int]:
+        """The access's flat offset: ({loop position: stride}, constant)."""
+        dims = self.shape[buffer]
+        flat: dict[int, int] = defaultdict(int)
+        const = 0
+        for d, ix in enumerate(indices):
+            stride = math.prod(dims[d + 1:])
+            terms, offset = self._affine(ix)
+            const += offset * stride
+            for loop, c in terms.items():
+                flat[loop] += c * stride
+        return flat, const
+
+    def _runs(self, buffer: str, indices: tuple[Expr, ...]
+              ) -> tuple[dict[int, int], tuple[int, int]] | None:
+        """A vector load the backend reads as contiguous runs of at least a register
+        (`Indexer.address` with `chunked`): its strides (the vector loop's 1, within a run)
+        and (runs, elements from one run's start to the next's); else None."""
+        if self.vec is None:
+            return None
+        width = self.lanes // 2
+        while width >= self.machine.vector_lanes and self.lanes % width == 0:
+            try:
+                runs = []
+                for run in range(self.lanes // width):
+                    self.spans[self.vec] = (run * width, run * width + width - 1)
+                    runs.append(self._flat(buffer, indices))
+            except AffineError:
+                runs = []
+            finally:
+                self.spans.pop(self.vec, None)
+            if runs and all(r.get(self.vec, 0) == 1 and r == runs[0][0] for r, _ in runs):
+                # lane `run * width` sits at const + run * width (the lane's coefficient is 1)
+                step = runs[1][1] - runs[0][1] + width
+                return runs[0][0], (len(runs), step)
+            width //= 2
+        return None
 
     def _affine(self, e: Expr) -> tuple[dict[int, int], int]:
         """An index over the block's axes as ({loop position: coeff}, const) (what
@@ -525,8 +589,8 @@ class _BlockCoster:
             lo = hi = ac
             for v, c in a.items():
                 if c % bc:
-                    top = c * (self.loops[v].extent - 1)
-                    lo, hi = lo + min(0, top), hi + max(0, top)
+                    first, last = self.spans.get(v, (0, self.loops[v].extent - 1))
+                    lo, hi = lo + min(c * first, c * last), hi + max(c * first, c * last)
             if lo // bc != hi // bc:
                 raise AffineError(f"not affine: {e}")
             if e.op == "//":
@@ -564,7 +628,11 @@ class _BlockCoster:
         strides = dict(access.strides)
         for d in range(len(self.loops) - 1, -1, -1):
             if d in strides:
-                terms.append((abs(strides[d]), self.loops[d].extent))
+                if d == self.vec and access.runs is not None:  # runs of a register or more
+                    count, step = access.runs
+                    terms += [(1, self.lanes // count), (abs(step), count)]
+                else:
+                    terms.append((abs(strides[d]), self.loops[d].extent))
                 lines[d], pressure[d] = _lines_touched(terms, self.line_elems,
                                                        machine.l1_sets, machine.l1_ways)
                 l2_pressure[d] = _lines_touched(terms, self.line_elems, machine.l2_sets,
@@ -589,6 +657,27 @@ class _BlockCoster:
             strided = run < self.line_elems or (
                 not access.written and gap * 4 >= STRIDED_BYTES)
         return _Footprint(access, tuple(lines), tuple(pressure), tuple(l2_pressure), strided)
+
+
+def _transpose_terms(copy: TransposingCopy, machine: MachineModel, streaming: int
+                     ) -> dict[str, float]:
+    """Cycles of a pack copy the backend runs as register-tile transposes (`backend.transpose`):
+    a vector load and a vector store per run of a tile, log2(tile) shuffles per run, the
+    columns past the last whole tile one element at a time; the source and the packed copy
+    each cross the memory hierarchy once (the copy's lines twice: filled, then written back),
+    from the smallest level that holds both (a kernel timed back to back finds them there)."""
+    t = copy.tile
+    rows = copy.panels * copy.factor * copy.outer
+    runs = rows * (copy.rest // t)  # of the source; as many of the copy
+    single = rows * (copy.rest % t)
+    lines = rows * copy.rest * 4 / machine.line_bytes
+    level = next((lv for lv in ("L2", "L3") if machine.caches[lv] >= 8 * rows * copy.rest),
+                 "DRAM")
+    return {"loads": runs * machine.op_cycles("loads", t) + single * machine.op_cycles("loads", 1),
+            "stores": runs * machine.op_cycles("stores", t)
+            + single * machine.op_cycles("stores", 1),
+            "compute": runs * math.log2(t) * machine.op_cycles("compute", t),
+            FILL_OF[level]: 3 * lines * machine.fill_cycles(level, streaming)}
 
 
 def _loads(e: Expr) -> list[Load]:

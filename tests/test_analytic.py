@@ -78,6 +78,21 @@ def test_a_vectorized_loop_beats_the_same_loop_scalar(model):
     assert fast < slow / 4
 
 
+def test_a_vector_over_packed_panels_loads_runs_not_lanes(model):
+    """A 64-wide vector over B packed in 16-wide panels reads four contiguous registers (the
+    backend's runs), as many loads as over 64-wide panels; over 4-wide panels, lane by lane."""
+    def panels(factor):
+        s = Schedule(matmul(256))
+        s.pack("C.update", "B", dim=1, factor=factor)
+        s.split("C.j", [4, 64])
+        s.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+        s.vectorize("C.j.1")
+        return s.program
+    runs, whole, lanes = (model.breakdown(panels(f))["loads"] for f in (16, 64, 4))
+    assert runs == pytest.approx(whole, rel=0.05)
+    assert lanes > 4 * runs
+
+
 def test_a_scatter_stores_lane_by_lane(model):
     """Y[i, j] = X[j, i] vectorized over i: contiguous loads, but a store per lane (a scatter),
     as many store units as the scalar loop's (a contiguous vector store would take 1/8)."""
@@ -460,3 +475,24 @@ def test_a_walk_of_whole_lines_with_a_far_jump_between_visits_gets_no_prefetch(a
     plain = AnalyticModel(dataclasses.replace(avx512, strided_fill=1.0))
     costly = AnalyticModel(dataclasses.replace(avx512, strided_fill=3.0))
     assert costly.breakdown(walk)["l2_fill"] > 2 * plain.breakdown(walk)["l2_fill"]  # B's part
+
+
+def test_a_transposing_pack_is_costed_as_the_backends_tile_transposes(model):
+    """W[k, c, r, s] packed along k: the backend copies it in register tiles (a vector load and
+    store per run), so the copy costs a stream of both buffers, whatever the panel width."""
+    naive = naive_program(get_workload("conv2d_nchw").build(1, 256, 7, 7, 256, 3, 3, 1, 1))
+
+    def pack_only(factor, split=False):
+        s = Schedule(naive)
+        s.pack("Y.update", "W", 0, factor)
+        if split:  # a nest the backend lowers as written, a scalar load per element
+            s.split("W_packed.p1", [16, 16])
+        prog = s.program
+        return prog.with_body(tuple(n for n in prog.body if n.name == "W_packed.p0"),
+                              prog.buffers)
+
+    narrow, wide = (model.breakdown(pack_only(f)) for f in (16, 64))
+    assert narrow["copies"] == pytest.approx(wide["copies"], rel=0.1)
+    as_written = model.breakdown(pack_only(16, split=True))
+    assert narrow["loads"] < as_written["loads"] / 8
+    assert narrow["total"] < as_written["total"]
