@@ -15,9 +15,11 @@ random walks; it mutates the best (re-pick one slot, re-size one group, or nudge
 two between two pieces of a group) and crosses pairs of them, keeps the best distinct programs,
 and returns the top `k` the caller has not measured, with a few random picks mixed in so a wrong
 model still sees new ground.
-On several threads each generation also adds every parent's parallel twin (its root loops made
-parallel where the space has that program), as MetaSchedule's ParallelizeVectorizeUnroll does to
-every sketch.
+Each generation also adds every parent's vector twin (the loop around its reduction vectorized)
+and, on several threads, its parallel twin (its root loops made parallel), where the space has
+that program, as MetaSchedule's ParallelizeVectorizeUnroll does to every sketch. Each sketch's
+best two stay among the parents and survivors (`_with_every_sketch`), so one sketch cannot crowd
+out the others before their sizes are tuned.
 A round evolves for `generations` generations, and on (up to `max_generations`) while the
 predicted top `k` still gains: large spaces (fused chains) need many more than small ones. The
 first round, with no elites or survivors to start from, evolves up to `first_islands`
@@ -51,9 +53,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from eqsched.egraph.derive import DeriveError, derive, realize, verify
+from eqsched.egraph.facts import Facts
 from eqsched.egraph.space import Slot, Space
-from eqsched.egraph.term import BlockRef, PieceLoop, Sizes, Stmt, Term, show, walk
-from eqsched.ir import LoopKind, Program
+from eqsched.egraph.term import BlockRef, PieceLoop, RfactorLoop, Sizes, Stmt, Term, show, walk
+from eqsched.ir import Block, Loop, LoopKind, Program, Scope
 from eqsched.schedule import ScheduleError
 
 from .cost import CostModel
@@ -70,6 +73,7 @@ CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # tiles), and of re-sized groups, the share drawn among those: remainder tiles outnumber them
 # (a power of two gains the 3 x 2^a tiles) and uniform draws then miss the whole-tile sketches.
 PERFECT_SHARE = 0.5
+SKETCH_NICHE = 2  # of each sketch's best kept among the parents and the pool (_with_every_sketch)
 ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
 # Per top-level statement, in program order: its walk's slots and the groups it loops over.
 Statements = tuple[tuple[tuple[Slot, ...], frozenset[str]], ...]
@@ -120,6 +124,15 @@ class Candidate:
         return show(self.term)
 
     @functools.cached_property
+    def sketch(self) -> tuple:
+        """What MetaSchedule would call its sketch, coarsely: the local tiles and packed
+        operands the program allocates and the axes its reduction's vector loops run along,
+        without sizes, orders or other annotations (what mutation tunes)."""
+        made = tuple(sorted(b.name for b in self.program.buffers
+                            if b.scope == Scope.LOCAL or b.name.endswith("_packed")))
+        return made, tuple(sorted(_reduction_vector_axes(self.program.body)))
+
+    @functools.cached_property
     def trace(self) -> list[dict]:
         """The manual trace that builds the program from the naive one (`derive`), derived on
         first use and kept; raises DeriveError (every time) when the primitives cannot."""
@@ -159,6 +172,7 @@ class EvolutionarySearch:
         self._verified_hashes: set[str] = set()
         self._perfect_options: dict[int, tuple[list, list]] = {}  # id(options) -> it, perfect
         self._parallel_twins: dict[str, Candidate | None] = {}  # this round's, by parent hash
+        self._vector_twins: dict[str, Candidate | None] = {}  # likewise
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -387,6 +401,46 @@ class EvolutionarySearch:
                 yield dataclasses.replace(inner, kind=parallel,
                                           body=(dataclasses.replace(stmt, body=inner.body),))
 
+    def _vector_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
+        """Each parent's `vectorized` twin (made once a round, as the parallel twins)."""
+        for parent in parents:
+            if parent.hash not in self._vector_twins:
+                self._vector_twins[parent.hash] = self.vectorized(parent)
+        return [self._vector_twins[parent.hash] for parent in parents]
+
+    def vectorized(self, cand: Candidate) -> Candidate | None:
+        """The candidate with the innermost loop around each root nest's reduction made a
+        vector loop, where the space has that program: its piece resized to a vector width
+        (the widest the space allows), the other pieces of its group kept as far as the
+        extent allows; None when no nest changes. MetaSchedule's ParallelizeVectorizeUnroll
+        vectorizes every sketch's innermost spatial loop; in a uniform draw a vector loop is
+        a rare choice (few sizes fit one), and a register tile found without one ranks below
+        programs whose rows are vectors until a mutation hits both at once."""
+        term, sizes = cand.term, dict(cand.sizes)
+        for index, stmt in enumerate(term.body):
+            loop = _innermost_reduction_loop(stmt, self.space.facts)
+            if loop is None or loop.kind == LoopKind.VECTOR.value:
+                continue
+            vector = dataclasses.replace(loop, kind=LoopKind.VECTOR.value)
+            body = term.body[:index] + (_replaced(stmt, loop, vector),) + term.body[index + 1:]
+            trial = dataclasses.replace(term, body=body)
+            options = dict(self.space.size_options(trial)).get(loop.group, [])
+            mine = {path: extent for (g, path), extent in sizes.items() if g == loop.group}
+            fitting = [o for o in options if o.get(loop.path) in self.space.vector_lanes]
+            if not fitting:
+                continue
+            kept = max(sum(o[p] == mine.get(p) for p in o if p != loop.path) for o in fitting)
+            best = max((o for o in fitting
+                        if sum(o[p] == mine.get(p) for p in o if p != loop.path) == kept),
+                       key=lambda o: (o[loop.path], sorted(o.items())))
+            new_sizes = {**{k: v for k, v in sizes.items() if k[0] != loop.group},
+                         **{(loop.group, p): e for p, e in best.items()}}
+            if self.space.contains(trial, new_sizes):
+                term, sizes = trial, new_sizes
+        if term is cand.term:
+            return None
+        return self._grow(self.space.picks_for(term), _assignment(sizes))
+
     def mutate(self, cand: Candidate) -> Candidate | None:
         """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
         move = self.rng.random()
@@ -480,6 +534,7 @@ class EvolutionarySearch:
         seeds = [*elites, *self._kept]
         merged: dict[str, Candidate] = {}
         self._parallel_twins.clear()
+        self._vector_twins.clear()
         # With nothing measured or kept yet, one population often settles on a poor sketch of
         # a fused chain (docs/ARCHITECTURE.md §17.3): evolve more while the best is predicted
         # slower than `settled_s`.
@@ -489,7 +544,7 @@ class EvolutionarySearch:
             if min((known[h] for h in merged), default=math.inf) <= self.settled_s:
                 break
         ranked = self.rank(list(merged.values()), known)  # predicted already: only sorts
-        self._kept = [c for c, _ in ranked[: self.survivors]]
+        self._kept = [c for c, _ in _with_every_sketch(ranked, self.survivors)]
         return ranked
 
     def _evolve(self, seeds: list[Candidate], k: int, known: dict[str, float]
@@ -521,7 +576,7 @@ class EvolutionarySearch:
         ranked = self.rank(list(pool.values()), known)
         stale = 0
         for generation in range(self.max_generations):
-            parents = [c for c, _ in ranked[: self.survivors]]
+            parents = [c for c, _ in _with_every_sketch(ranked, self.survivors)]
             if not parents or (generation >= self.generations and stale >= STALE_GENERATIONS):
                 break
             before = _top_score(ranked, k)
@@ -532,8 +587,9 @@ class EvolutionarySearch:
             # parallel; here the parents' twins join the pool beside them and the model decides
             # (a draw rarely holds both a good register tile and a parallel root loop).
             add(self._parallel_twins_of(parents))
+            add(self._vector_twins_of(parents))
             ranked = self.rank(list(pool.values()), known)
-            pool = {c.hash: c for c, _ in ranked[: size]}
+            pool = {c.hash: c for c, _ in _with_every_sketch(ranked, size)}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0
         return ranked
 
@@ -580,6 +636,78 @@ class EvolutionarySearch:
             known.update(zip([c.hash for c in batch],
                              map(float, self.model.predict([c.program for c in batch]))))
         return sorted(((c, known[c.hash]) for c in cands), key=lambda cs: (cs[1], cs[0].hash))
+
+
+def _innermost_reduction_loop(stmt: Stmt, facts: Facts) -> PieceLoop | None:
+    """The innermost piece loop around a reducing block in a root statement, if any."""
+    found: PieceLoop | None = None
+
+    def visit(node: Stmt, around: PieceLoop | None) -> None:
+        nonlocal found
+        if isinstance(node, BlockRef):
+            blk = facts.blocks.get(node.name)
+            if found is None and around is not None and blk is not None \
+                    and blk.reduce is not None:
+                found = around
+            return
+        inner = node if isinstance(node, PieceLoop) and not isinstance(node, RfactorLoop) \
+            else around
+        for child in getattr(node, "body", ()):
+            visit(child, inner)
+
+    visit(stmt, None)
+    return found
+
+
+def _replaced(stmt: Stmt, old: Stmt, new: Stmt) -> Stmt:
+    """`stmt` with the node `old` (by identity) replaced by `new`."""
+    if stmt is old:
+        return new
+    body = getattr(stmt, "body", None)
+    if not body:
+        return stmt
+    return dataclasses.replace(stmt, body=tuple(_replaced(c, old, new) for c in body))
+
+
+def _reduction_vector_axes(nodes: tuple, vector: str = "") -> set[str]:
+    """The axes (`Y.k` of `Y.k.3`) of vectorized loops around reductions: the loops that
+    decide a sketch; a padding copy's or an init's vector loop does not."""
+    out: set[str] = set()
+    for node in nodes:
+        if isinstance(node, Block):
+            if node.reduce is not None and vector:
+                out.add(vector)
+            continue
+        inner = vector
+        if isinstance(node, Loop) and node.kind == LoopKind.VECTOR:
+            stem, _, last = node.name.rpartition(".")
+            inner = stem if last.isdigit() else node.name
+        out |= _reduction_vector_axes(node.body, inner)
+    return out
+
+
+def _with_every_sketch(ranked: list[tuple[Candidate, float]], n: int
+                       ) -> list[tuple[Candidate, float]]:
+    """The best `n`, except that the best `SKETCH_NICHE` of each sketch come first (up to half
+    of `n`, better sketches first), in rank order. One sketch soon fills a population that is
+    cut to its best (a vectorized row beats a register tile whose sizes are still random:
+    conv2d's blocked sketches died out that way, docs/ARCHITECTURE.md §9); kept, each sketch's
+    best go on being mutated."""
+    seen: dict[tuple, int] = {}
+    niche: list[int] = []
+    for i, (cand, _) in enumerate(ranked):
+        if len(niche) >= n // 2:
+            break
+        count = seen.get(cand.sketch, 0)
+        if count < SKETCH_NICHE:
+            seen[cand.sketch] = count + 1
+            niche.append(i)
+    chosen = set(niche)
+    for i in range(len(ranked)):
+        if len(chosen) >= n:
+            break
+        chosen.add(i)
+    return [ranked[i] for i in sorted(chosen)]
 
 
 def _assignment(sizes: Sizes) -> dict[str, dict[str, int]]:

@@ -11,8 +11,8 @@ import pytest
 from eqsched.backend import CompileOptions, compile_program
 from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import BlockRef, Cached, symbols, walk
-from eqsched.extract import CostModel, EvolutionarySearch, get_cost_model
-from eqsched.extract.search import _splits_exactly, unrolled_copies
+from eqsched.extract import Candidate, CostModel, EvolutionarySearch, get_cost_model
+from eqsched.extract.search import _splits_exactly, _with_every_sketch, unrolled_copies
 from eqsched.ir import LoopKind, naive_program
 from eqsched.model import extract_tasks, get_model
 from eqsched.reference import compare, random_inputs, reference, tolerance
@@ -565,3 +565,56 @@ def test_a_round_on_two_threads_makes_parallel_twins_and_one_thread_makes_none(s
         rounds[threads] = [t for t in search._parallel_twins.values() if t is not None]
     assert rounds[1] == []
     assert rounds[2] and all(space.contains(t.term, t.sizes) for t in rounds[2])
+
+
+def _vector_around(cand, block):
+    prog = cand.program
+    return [lp for lp in prog.enclosing(block) if lp.kind == LoopKind.VECTOR]
+
+
+def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space):
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=4)
+    made = 0
+    for _ in range(60):
+        cand = search.random_candidate()
+        if _vector_around(cand, "C.update"):
+            continue
+        twin = search.vectorized(cand)
+        if twin is None:
+            continue
+        assert space.contains(twin.term, twin.sizes)
+        vector = _vector_around(twin, "C.update")
+        assert vector and vector[0] is twin.program.enclosing("C.update")[-1]
+        assert vector[0].extent in space.vector_lanes
+        if made < 3:
+            _runs_right_on_two_threads(twin, space)
+        made += 1
+    assert made >= 3
+
+
+class _Drawn:
+    def __init__(self, sketch):
+        self.sketch = sketch
+
+
+def test_each_sketchs_best_stay_among_the_survivors():
+    # Ten of sketch "a" rank first; the best of "b" and "c" still make a cut of eight (up to
+    # half of it goes to each sketch's best two, the rest to the best overall).
+    ranked = [(_Drawn("a"), float(t)) for t in range(10)] + \
+        [(_Drawn(s), 10.0 + t) for t in range(3) for s in "bc"]
+    kept = _with_every_sketch(ranked, 8)
+    assert [c.sketch for c, _ in kept] == ["a"] * 6 + ["b", "c"]
+    assert [t for _, t in kept] == sorted(t for _, t in kept)  # still in rank order
+    assert _with_every_sketch(ranked[:5], 6) == ranked[:5]
+
+
+def test_a_sketch_is_its_local_tiles_packs_and_vectorized_reduction_axes(space):
+    s = Schedule(space.naive)
+    s.split("C.j", [2, 16])
+    s.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    s.vectorize("C.j.1")
+    s.pack("C.update", "B", 1, 16)
+    s.split("C.init.j", [2, 16])
+    s.vectorize("C.init.j.1")  # not a reduction's: no part of the sketch
+    cand = Candidate(None, {}, s.program, {}, {}, space.naive)
+    assert cand.sketch == (("B_packed",), ("C.j",))
