@@ -29,7 +29,9 @@ def test_json_report_counts_the_space_and_samples_replayable_traces():
     assert out["enodes"] > 0 and out["eclasses"] > 0 and out["seconds"] >= 0
     assert out["peak_rss_mb"] > 0 and out["matches_per_rule"]["tile"] > 0
     naive = naive_program(get_workload("matmul").build(16, 16, 8))
-    space = build_space(naive, default_rules())
+    # the command's space has the host target's vector lanes
+    space = build_space(naive, default_rules(), vector_lanes=out["vector_lanes"])
+    assert out["vector_lanes"] == list(vector_lanes(Target.host().vector_lanes))
     assert out["programs"] == space.count() and out["structures"] == space.count_structures()
     assert isinstance(out["programs"], int) and out["programs"] > out["structures"]
     assert len(out["samples"]) == 2
