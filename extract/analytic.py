@@ -363,10 +363,11 @@ class _BlockCoster:
                 live = True
             elif live and not scattered:  # a chain through the unrolled copies (k.1) instead
                 latency = max(latency, self._count(everywhere) / chains * self.machine.fma_latency)
-            # Carried accumulators make the body one tree of FMAs into loop phis, which LLVM's
-            # scheduler orders to keep few operands live (no spill measured); updated in memory
-            # each iteration, the operands CSE shares across copies stay live together.
-            operands = 1 if carried else max(1, self.operand_registers)
+            # Updated in memory each iteration, the operands CSE shares across copies stay live
+            # together; carried accumulators make the body one tree of FMAs into loop phis, and
+            # there the shared operands stay live beside one broadcast (a 3-row tile of 32-lane
+            # rows of B on 16 registers: 12 accumulators, 4 of B, 1 of A, spills every k).
+            operands = 1 + self.operand_registers if carried else max(1, self.operand_registers)
             excess = chains * self._registers(deps) + operands - self.machine.vector_registers
             if live and excess > 0:
                 once, each = SPILL_CYCLES
@@ -463,6 +464,7 @@ class _BlockCoster:
             # Registers that cross a cache line take the split rate (conv2d's rows at q + s).
             self._op("loads", 1, self._hoisted(deps),
                      self.machine.unaligned_load_cycles(self.lanes))
+            self.operand_registers += self._live_copies(deps) * self._registers(deps)
         else:
             self._op("loads", 1, self._hoisted(deps))
             self.operand_registers += self._live_copies(deps) * self._registers(deps)

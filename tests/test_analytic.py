@@ -376,6 +376,30 @@ def test_each_machine_prefers_the_tile_its_registers_hold(avx512, avx2):
     assert AnalyticModel(avx2).breakdown(wide)["spills"] > 0
 
 
+def carried_rows(naive, n, rows, lanes):
+    """`rows` rows of C, `lanes` wide, accumulated in C (no local tile) over the whole k."""
+    s = Schedule(naive)
+    s.split("C.i", [-1, rows])
+    s.split("C.j", [-1, lanes])
+    s.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
+    s.unroll("C.i.1")
+    s.vectorize("C.j.1")
+    return s.program
+
+
+def test_operands_shared_by_carried_rows_count_against_the_registers(avx2):
+    # 3 rows x 32 lanes on 16 registers: 12 accumulators, the 4 registers of B's row that
+    # the 3 rows share and A's broadcast: LLVM spilled and shuffled accumulators every k
+    # (28 GFLOPS at 127^3, where 6 rows x 16 lanes ran at numpy's 46). B's rows of 127
+    # floats are not aligned: its loads count all the same.
+    for n in (127, 128):
+        naive = matmul(n)
+        wide, fitting = carried_rows(naive, n, 3, 32), carried_rows(naive, n, 6, 16)
+        model = AnalyticModel(avx2)
+        assert model.breakdown(fitting)["spills"] == 0 < model.breakdown(wide)["spills"]
+        assert model.predict([fitting])[0] < model.predict([wide])[0]
+
+
 def test_predictions_follow_the_machine_models_clock_and_units(avx512):
     naive = matmul(256)
     programs = [tile_of_vectors(naive, 8, 2, 16, 256), row_streaming(naive, 256), naive]
