@@ -321,6 +321,7 @@ class _BlockCoster:
         self.instructions = 0.0
         self.hoisted_registers = 0
         self.operand_registers = 0  # loaded values the unrolled copies keep live together
+        self.shared_operand_registers = 0  # the widest such value, one copy of it
 
     def profile(self) -> _Profile:
         blk = self.blk
@@ -364,10 +365,13 @@ class _BlockCoster:
             elif live and not scattered:  # a chain through the unrolled copies (k.1) instead
                 latency = max(latency, self._count(everywhere) / chains * self.machine.fma_latency)
             # Updated in memory each iteration, the operands CSE shares across copies stay live
-            # together; carried accumulators make the body one tree of FMAs into loop phis, and
-            # there the shared operands stay live beside one broadcast (a 3-row tile of 32-lane
-            # rows of B on 16 registers: 12 accumulators, 4 of B, 1 of A, spills every k).
-            operands = 1 + self.operand_registers if carried else max(1, self.operand_registers)
+            # together. Carried accumulators make the body one tree of FMAs into loop phis,
+            # which LLVM's scheduler orders copy by copy (matmul 1024's AVX-512 winner kept 32
+            # shared B vectors without a spill), but one copy's shared operand stays live
+            # across the rows that share it, beside a broadcast (3 rows of 32 lanes on 16
+            # registers: 12 accumulators, 4 of B, 1 of A; it spilled every k).
+            operands = (1 + self.shared_operand_registers if carried
+                        else max(1, self.operand_registers))
             excess = chains * self._registers(deps) + operands - self.machine.vector_registers
             if live and excess > 0:
                 once, each = SPILL_CYCLES
@@ -464,11 +468,19 @@ class _BlockCoster:
             # Registers that cross a cache line take the split rate (conv2d's rows at q + s).
             self._op("loads", 1, self._hoisted(deps),
                      self.machine.unaligned_load_cycles(self.lanes))
-            self.operand_registers += self._live_copies(deps) * self._registers(deps)
+            self._operand(deps)
         else:
             self._op("loads", 1, self._hoisted(deps))
-            self.operand_registers += self._live_copies(deps) * self._registers(deps)
+            self._operand(deps)
         return deps
+
+    def _operand(self, deps: frozenset[int]) -> None:
+        """Count a loaded value's registers among those the unrolled copies keep live."""
+        copies = self._live_copies(deps)
+        self.operand_registers += copies * self._registers(deps)
+        if copies:
+            self.shared_operand_registers = max(self.shared_operand_registers,
+                                                self._registers(deps))
 
     def _aligned(self, indices: tuple[Expr, ...], access: _Access) -> bool:
         """Whether every register of a contiguous vector access starts on a register boundary:
