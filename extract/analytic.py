@@ -41,9 +41,10 @@ index that is not affine (a packed panel narrower than the vector) costs scalar 
 lane. A local tile whose accesses depend on unrolled and vectorized loops only lives in
 registers. Accumulators kept in registers (carried through the innermost serial loop, or through
 unrolled copies of a loop they do not depend on) spill beyond the register file less one
-(operands need none: FMAs read them from memory), or, when they go through memory every
-iteration, less the loaded values CSE keeps live across unrolled copies (B[k, j] under rows
-unrolled around unrolled k: one per k copy until the last row).
+broadcast and one copy of the widest loaded value the unrolled copies share (B[k, j] across
+the rows; an unshared operand needs none: FMAs read it from memory), or, when they go through
+memory every iteration, less every loaded value CSE keeps live across unrolled copies (B[k, j]
+under rows unrolled around unrolled k: one per k copy until the last row).
 
 Cache traffic is the classic reuse model: for each access and level, find the outermost loop
 whose body's footprint (distinct lines per buffer, from index strides and extents) fits the
