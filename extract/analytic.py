@@ -469,19 +469,15 @@ class _BlockCoster:
             # Registers that cross a cache line take the split rate (conv2d's rows at q + s).
             self._op("loads", 1, self._hoisted(deps),
                      self.machine.unaligned_load_cycles(self.lanes))
-            self._operand(deps)
         else:
             self._op("loads", 1, self._hoisted(deps))
-            self._operand(deps)
+        if not gather:  # a value in registers: count it among those the copies keep live
+            copies = self._live_copies(deps)
+            self.operand_registers += copies * self._registers(deps)
+            if copies:
+                self.shared_operand_registers = max(self.shared_operand_registers,
+                                                    self._registers(deps))
         return deps
-
-    def _operand(self, deps: frozenset[int]) -> None:
-        """Count a loaded value's registers among those the unrolled copies keep live."""
-        copies = self._live_copies(deps)
-        self.operand_registers += copies * self._registers(deps)
-        if copies:
-            self.shared_operand_registers = max(self.shared_operand_registers,
-                                                self._registers(deps))
 
     def _aligned(self, indices: tuple[Expr, ...], access: _Access) -> bool:
         """Whether every register of a contiguous vector access starts on a register boundary:
