@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -50,12 +51,12 @@ from .args import (
     seed_arg,
     timeout_arg,
 )
-from .backend import BackendError, CompileOptions
+from .backend import BackendError, CompileOptions, Target
 from .egraph.dot import write_dot
 from .egraph.saturate import SaturationError
 from .egraph.space import Space, SpaceError, rule_contributions
 from .ir import LoopKind, Program, naive_program
-from .machine_model import CalibrationError, cache_path, machine_model, recalibrate
+from .machine_model import CalibrationError, cache_path, describe, machine_model, recalibrate
 from .runner import DEFAULT_TIMEOUT_S, Measurement, TooLargeError, check_fits_in_memory, measure
 from .schedule import Schedule, ScheduleError, load_trace
 from .te import WorkloadError
@@ -227,8 +228,8 @@ def _cores_used(program: Program) -> int:
 
 
 def _report(wl: Workload, size: tuple[int, ...], program: Program, steps: list[dict],
-            m: Measurement) -> dict[str, Any]:
-    peak_core = m.info.get("machine", {}).get("peak_gflops_per_core")
+            m: Measurement, target: Target) -> dict[str, Any]:
+    peak_core = machine_model(target).peak_gflops
     cores = _cores_used(program)
     peak = peak_core * cores if peak_core else None
     return {
@@ -267,7 +268,7 @@ def _print_report(r: dict[str, Any]) -> None:
           f"over {len(r['times'])} runs")
     line = f"{r['gflops']:.4g} GFLOPS"
     if r["percent_of_peak"] is not None:
-        line += (f", {r['percent_of_peak']:.1f}% of this machine's measured peak "
+        line += (f", {r['percent_of_peak']:.1f}% of the target's calibrated peak "
                  f"({r['peak_gflops']:.4g} GFLOPS on {r['cores_used']} core"
                  f"{'s' if r['cores_used'] > 1 else ''})")
     print(line)
@@ -297,7 +298,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 " (raise --max-memory or lower --size)" if m.error.startswith("out of memory")
                 else "")
         raise CliError(f"measuring {wl.name} failed: {m.error}{hint}")
-    report = _report(wl, size, program, steps, m)
+    report = _report(wl, size, program, steps, m, target)
     if args.json:
         print(json.dumps(report))
     else:
@@ -316,11 +317,11 @@ def _cmd_machine(args: argparse.Namespace) -> int:
     else:
         model = machine_model(target)
     if args.json:
-        print(json.dumps({**machine.describe(), "machine_model": model.to_json(),
+        print(json.dumps({**describe(target), "machine_model": model.to_json(),
                           "machine_model_file": str(cache_path(target))}))
         return 0
     if not args.calibrate:
-        for key, value in machine.describe().items():
+        for key, value in describe(target).items():
             if key == "llvm_cpu_features":
                 value = " ".join(f for f in str(value).split(",") if f.startswith("+"))
             print(f"{key}: {value}")
@@ -604,8 +605,14 @@ def _terminate_like_ctrl_c(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any,
+                      **kwargs: Any) -> str:
+    return f"eqsched: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    warnings.formatwarning = _one_line_warning  # a warning is a line, like an error
     # Signal handlers can only be set from the main thread (main() called from another thread
     # keeps the default).
     in_main_thread = threading.current_thread() is threading.main_thread()

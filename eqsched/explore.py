@@ -58,7 +58,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import machine
 from .backend import Target
 from .db import Database, DatabaseError
 from .default_schedule import default_schedule
@@ -69,7 +68,7 @@ from .extract import Candidate, CostModel, EvolutionarySearch, cost_model_for
 from .extract.cost import kendall, spearman
 from .extract.learned import LearnedModel
 from .ir import Program, naive_program
-from .machine_model import machine_model
+from .machine_model import describe, machine_model
 from .runner import check_fits_in_memory
 from .schedule import Schedule, ScheduleError
 from .te import Computation
@@ -291,7 +290,7 @@ class TaskTuner:
         self.run: _Exploration | None = None  # built on the first `tune`
         self.closed = False
         try:
-            self.facts = machine.describe()  # with the measured FMA peak (once per process)
+            self.facts = describe(self.options.target)  # with the target's calibrated FMA peak
             self.result.run_id = self.database.start_run(
                 workload=workload, size=list(size), seed=seed, budget=self.result.budget,
                 rules=self.result.rules, cost_model=self.model.name, machine=self.facts,

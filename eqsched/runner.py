@@ -370,7 +370,7 @@ def _prepare(prog: Program, job: _Job) -> tuple[Measurement, Callable | None, li
     kernel and arguments to time it with (None when it failed or has nothing to time)."""
     try:
         kernel = compile_program(prog, job.options)
-        info: dict[str, Any] = {"backend": kernel.info, "machine": machine.describe()}
+        info: dict[str, Any] = {"backend": kernel.info, "machine": machine.facts()}
         ref = _reference_for(prog, job.seed) if job.check else None
         inputs = ref.inputs if ref is not None else random_inputs(prog.computation, job.seed)
         args = kernel_inputs(prog, inputs)

@@ -70,7 +70,7 @@ def synthetic_machine_model() -> MachineModel:
         stores_per_cycle_half=1.0, split_loads_per_cycle=1.0,
         bandwidth={"L1d": 128.0, "L2": 48.0, "L3": 16.0, "DRAM": 5.0},
         bandwidth_all_cores={"L1d": 256.0, "L2": 96.0, "L3": 28.0, "DRAM": 6.0}, cores=2,
-        strided_fill=4.0)
+        strided_fill=4.0, passes=4, reproduced=4)
 
 
 @pytest.fixture(scope="session")

@@ -66,7 +66,7 @@ def test_a_correct_program_is_checked_then_timed(matmul):
     assert m.correct is True and m.max_err < 1e-5
     assert len(m.times) == 4 and 0 < m.min_s <= m.median_s
     assert m.gflops == pytest.approx(2 * 16 * 24 * 8 / m.median_s / 1e9)
-    assert m.info["backend"]["cpu_name"] and m.info["machine"]["peak_gflops_per_core"] > 0
+    assert m.info["backend"]["cpu_name"] and m.info["machine"]["cpu_model"]
     assert m.info["settings"] == {"repeats": 4, "warmup": 1, "seed": 0, "timeout_s": 120.0,
                                   "time_budget_s": None, "min_repeats": 1,
                                   "max_memory": default_max_memory(), "rounds": 1}

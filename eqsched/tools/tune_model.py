@@ -117,9 +117,9 @@ def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
     """Tune `model`'s tasks for `trials` in all and compile, check and time it end to end (see
     the module docstring), recorded in the database as a model run. `onnx_source`: the file an
     imported model came from, which onnxruntime runs for the second check."""
-    from .. import machine
     from ..db import Database, DatabaseError, workload_key
     from ..explore import POPULATION, check_population, computation_key
+    from ..machine_model import describe
     from ..model.tasks import extract_tasks
     from ..task_scheduler import get_scheduler
     from ..trials import Settings, check_seed
@@ -135,7 +135,7 @@ def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
     check_population(population)
     check_seed(seed)
     model_tasks = extract_tasks(model)
-    facts = machine.describe()
+    facts = describe(options.target)
     with Database(db) as database:
         run_id = database.start_model_run(
             model=model.name, fingerprint=model_fingerprint(model),
