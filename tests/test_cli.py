@@ -282,7 +282,11 @@ def test_machine_calibrate_measures_the_target_again_into_the_cache(tmp_path):
                            "host,-avx512f"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "8 float32 lanes, 16 registers" in proc.stdout and "DRAM" in proc.stdout
-    assert [p.name.startswith("machine-host_-avx512f-") for p in tmp_path.iterdir()] == [True]
+    cached = [p.name for p in tmp_path.iterdir()]
+    if "unsteady" in proc.stderr:  # a busy machine: used, one line of warning, not cached
+        assert proc.stderr.count("\n") == 2 and cached == [], proc.stderr
+    else:
+        assert [name.startswith("machine-host_-avx512f-") for name in cached] == [True]
     assert_one_line_error(eqsched_cmd("machine", "--target", "host,-nosuchfeature"),
                           "nosuchfeature")
 

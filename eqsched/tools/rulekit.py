@@ -31,6 +31,7 @@ See docs/ARCHITECTURE.md §15 Extending eqsched.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -47,7 +48,7 @@ from ..args import TARGET_HELP, CliError, parse_target, seed_arg
 from ..backend import CompileOptions, Target
 from ..egraph.derive import build_unchecked
 from ..egraph.encode import encode
-from ..egraph.saturate import Limits, saturate
+from ..egraph.saturate import Limits, Saturation, saturate
 from ..egraph.space import Space
 from ..egraph.term import show, vector_lanes
 from ..ir import Program, naive_program
@@ -118,15 +119,24 @@ def _legality(prog: Program) -> str:
     return "legal"
 
 
-def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: int,
-               target: Target, say: Any) -> None:
+@functools.lru_cache(maxsize=8)
+def _saturated(workload: str, rules: tuple, lanes: int) -> tuple[Saturation, Space]:
+    """`workload`'s space at its small size under `rules`, kept for the process: checking each
+    default rule in turn saturates the whole default set once per workload, not once per rule,
+    and the set without a rule once for its soundness and its effect."""
     from ..rules import resolve
 
     wl = get_workload(workload)
+    sat = saturate(naive_program(wl.build(*wl.small_size)), resolve(list(rules)))
+    return sat, Space(sat, vector_lanes(lanes))
+
+
+def _soundness(check: RuleCheck, rule: Any, workload: str, programs: int, seed: int,
+               target: Target, say: Any) -> None:
+    wl = get_workload(workload)
     size = wl.small_size
     naive = naive_program(wl.build(*size))
-    base = Space(saturate(naive, resolve(_rule_sets(rule)["without"])),
-                 vector_lanes(target.vector_lanes))
+    _, base = _saturated(workload, tuple(_rule_sets(rule)["without"]), target.vector_lanes)
     # Uniform draws often hold no match (vectorize needs a serial unit-stride innermost loop):
     # draw until `programs` starts where the rule applies, within a bounded number of draws.
     starts = [encode(naive, base.facts)] + base.sample(DRAWS_FOR_MATCHES * programs, seed)
@@ -200,15 +210,12 @@ def _rule_sets(rule: Any) -> dict[str, list]:
 
 
 def _effect(rule: Any, workload: str, target: Target) -> dict[str, Any]:
-    from ..rules import resolve
-
     wl = get_workload(workload)
-    naive = naive_program(wl.build(*wl.small_size))
     row: dict[str, Any] = {"workload": workload, "size": list(wl.small_size)}
     for side, rules in _rule_sets(rule).items():
-        sat = saturate(naive, resolve(rules))
+        sat, space = _saturated(workload, tuple(rules), target.vector_lanes)
         rep = sat.report
-        programs = Space(sat, vector_lanes(target.vector_lanes)).count()
+        programs = space.count()
         row[side] = {"enodes": rep.enodes, "eclasses": rep.eclasses, "programs": programs,
                      "seconds": round(rep.seconds, 3), "stop_reason": rep.stop_reason}
     return row
