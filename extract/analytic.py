@@ -98,6 +98,7 @@ CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks th
 # measured programs (docs/ARCHITECTURE.md §17.4) and small next to the throughput terms.
 RMW_CYCLES = 3.0  # a register of an accumulator updated in memory: load, FMA, store
 SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
+MAX_DIAGONAL = 4096  # distinct offsets past which an access is taken to share nothing
 LOOP_ENTRY_CYCLES = 3.0
 PARALLEL_CALL_SECONDS = 5e-6  # the backend's thread pool hands out a parallel loop's chunks
 # Per fill term: the level whose capacity holds the working set and the level its lines come
@@ -323,6 +324,7 @@ class _BlockCoster:
         self.hoisted_registers = 0
         self.operand_registers = 0  # loaded values the unrolled copies keep live together
         self.shared_operand_registers = 0  # the widest such value, one copy of it
+        self.diagonal_registers = 0  # values CSE merges along a diagonal of unrolled copies
 
     def profile(self) -> _Profile:
         blk = self.blk
@@ -371,7 +373,11 @@ class _BlockCoster:
             # shared B vectors without a spill), but one copy's shared operand stays live
             # across the rows that share it, beside a broadcast (3 rows of 32 lanes on 16
             # registers: 12 accumulators, 4 of B, 1 of A; it spilled every k).
-            operands = (1 + self.shared_operand_registers if carried
+            # A value one address reaches from several copies (Xpad[p + ry] with p and ry both
+            # unrolled) is loaded once and reused along the diagonal: LLVM keeps each of them
+            # live across the copies that read it (conv2d's 4 rows x 3 taps read 6 rows of X;
+            # with 12 accumulators and 9 taps of W, 26 stack accesses per step on 16 registers).
+            operands = (1 + self.shared_operand_registers + self.diagonal_registers if carried
                         else max(1, self.operand_registers))
             excess = chains * self._registers(deps) + operands - self.machine.vector_registers
             if live and excess > 0:
@@ -477,7 +483,22 @@ class _BlockCoster:
             if copies:
                 self.shared_operand_registers = max(self.shared_operand_registers,
                                                     self._registers(deps))
+            self.diagonal_registers += self._diagonal(access) * self._registers(deps)
         return deps
+
+    def _diagonal(self, access: _Access) -> int:
+        """How many distinct values an access takes over the unrolled copies of its loops (past
+        the innermost serial one), when that is fewer than the copies: CSE then merges copies
+        whose offsets coincide. 0 when every copy reads its own value."""
+        offsets, copies = {0}, 1
+        for d, stride in access.strides:
+            lp = self.loops[d]
+            if d > self.innermost and lp.kind == LoopKind.UNROLL and lp.extent > 1:
+                copies *= lp.extent
+                offsets = {o + stride * i for o in offsets for i in range(lp.extent)}
+                if len(offsets) > MAX_DIAGONAL:
+                    return 0
+        return len(offsets) if len(offsets) < copies else 0
 
     def _aligned(self, indices: tuple[Expr, ...], access: _Access) -> bool:
         """Whether every register of a contiguous vector access starts on a register boundary:

@@ -520,3 +520,31 @@ def test_a_transposing_pack_is_costed_as_the_backends_tile_transposes(model):
     as_written = model.breakdown(pack_only(16, split=True))
     assert narrow["loads"] < as_written["loads"] / 8
     assert narrow["total"] < as_written["total"]
+
+
+def conv2d_tile(rows: int, channels: int, vectors: int):
+    """conv2d 1x8x16x16, 6 output channels: `rows` rows x `channels` output channels x
+    `vectors` vectors of 8 columns accumulated in Y over rx, with the taps ry unrolled between
+    the rows and the channels."""
+    naive = naive_program(get_workload("conv2d_nchw").build(1, 8, 16, 16, 6, 3, 3, 1, 1))
+    s = Schedule(naive)
+    s.split("Y.k", [-1, channels])
+    s.split("Y.p", [-1, rows])
+    s.split("Y.q", [-1, vectors, 8])
+    s.reorder("Y.n", "Y.k.0", "Y.p.0", "Y.q.0", "Y.rc", "Y.rx", "Y.p.1", "Y.ry", "Y.k.1",
+              "Y.q.1", "Y.q.2")
+    for loop in ("Y.p.1", "Y.ry", "Y.k.1", "Y.q.1"):
+        s.unroll(loop)
+    s.vectorize("Y.q.2")
+    return s.program
+
+
+def test_rows_merged_along_a_diagonal_of_copies_count_against_the_registers(avx2):
+    # 4 rows x 3 channels: 12 accumulators, and the taps ry between the rows read 6 rows of X
+    # (row p + ry) that CSE loads once and keeps live across the copies that share them: with
+    # W's taps, more than 16 registers. conv2d 56x56's explore winner had this tile: 26 stack
+    # accesses per step, 53 GFLOPS, where a tile of 1 row x 6 channels x 2 vectors ran 73.
+    diagonal, fitting = conv2d_tile(4, 3, 1), conv2d_tile(1, 6, 2)
+    model = AnalyticModel(avx2)
+    assert model.breakdown(fitting)["spills"] == 0 < model.breakdown(diagonal)["spills"]
+    assert model.predict([fitting])[0] < model.predict([diagonal])[0]
