@@ -88,6 +88,10 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
 
 DEFAULT_DB = "eqsched.db"
 POPULATION = EvolutionarySearch.__init__.__kwdefaults__["population"]
+# The first round stops adding islands once its best is predicted at this share of one core's
+# peak: at half, matmul 1000³ and 197x3072x768 settled after one island on programs predicted
+# 60-75 GFLOPS where three islands found 76-80 (docs/ARCHITECTURE.md §17.3).
+SETTLED_SHARE = 0.75
 __all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings",
            "TaskTuner", "Trial", "computation_key", "explore", "search_beside_measuring"]
 
@@ -457,15 +461,16 @@ def check_population(population: Any) -> int:
 def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
             calibrated_peak_gflops: float, population: int, threads: int) -> EvolutionarySearch:
     """The run's search: it waits while a candidate is timed. A first-round population predicted
-    at half of one core's peak or better needs no more islands (at all cores' peak the threshold
-    went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3). The peak is
-    the target's calibrated one (the machine model, cached on disk), never the one measured in
-    this process: that varies with the load (32 to 169 GFLOPS on one machine), and where it fell
+    at SETTLED_SHARE of one core's peak or better needs no more islands (at all cores' peak the
+    threshold went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3). The
+    peak is
+    the target's calibrated one (the machine model, cached on disk), never one measured in the
+    process: that varied with the load (32 to 169 GFLOPS on one machine), and where it fell
     decided how many islands ran, so which programs a seed proposed (§17.3). On several
     threads it adds each parent's parallel twin to the pool (§9)."""
     return EvolutionarySearch(
         space, model, seed=seed, population=population, wait_turn=gate.wait_turn, threads=threads,
-        settled_s=space.naive.computation.flops / (0.5 * calibrated_peak_gflops * 1e9))
+        settled_s=space.naive.computation.flops / (SETTLED_SHARE * calibrated_peak_gflops * 1e9))
 
 
 def search_beside_measuring(jobs: int, threads: int) -> bool:
