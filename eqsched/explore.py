@@ -463,9 +463,8 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
     """The run's search: it waits while a candidate is timed. A first-round population predicted
     at SETTLED_SHARE of one core's peak or better needs no more islands (at all cores' peak the
     threshold went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3). The
-    peak is
-    the target's calibrated one (the machine model, cached on disk), never one measured in the
-    process: that varied with the load (32 to 169 GFLOPS on one machine), and where it fell
+    peak is the target's calibrated one (the machine model, cached on disk), never one measured
+    in the process: that varied with the load (32 to 169 GFLOPS on one machine), and where it fell
     decided how many islands ran, so which programs a seed proposed (§17.3). On several
     threads it adds each parent's parallel twin to the pool (§9)."""
     return EvolutionarySearch(
