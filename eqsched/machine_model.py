@@ -255,17 +255,18 @@ def _machine_model(target: Target, directory: Path) -> MachineModel:
         return MachineModel.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):  # absent, unreadable or older: measure it again
         pass
-    model = calibrate(target)
+    return _cached_if_steady(calibrate(target), path)
+
+
+def _cached_if_steady(model: MachineModel, path: Path) -> MachineModel:
+    """Save a steady model at `path`; warn of an unsteady one and leave the cache alone."""
     if model.steady:
         save(model, path)
     else:
-        warnings.warn(_unsteady(model), CalibrationWarning, stacklevel=3)
+        warnings.warn(f"the calibration of {model.target} is unsteady (no two of {model.passes} "
+                      "passes of its port kernels agreed: a busy neighbour core?); it is used "
+                      "now but not cached", CalibrationWarning, stacklevel=4)
     return model
-
-
-def _unsteady(model: MachineModel) -> str:
-    return (f"the calibration of {model.target} is unsteady (no two of {model.passes} passes of "
-            "its port kernels agreed: a busy neighbour core?); it is used now but not cached")
 
 
 def save(model: MachineModel, path: Path) -> None:
@@ -280,11 +281,7 @@ def recalibrate(target: Target | None = None) -> MachineModel:
     """Measure `target` again and return it; a steady model replaces the cached one (an
     unsteady one warns and leaves the cache alone)."""
     target = target or Target.host()
-    model = calibrate(target)
-    if model.steady:
-        save(model, cache_path(target))
-    else:
-        warnings.warn(_unsteady(model), CalibrationWarning, stacklevel=2)
+    model = _cached_if_steady(calibrate(target), cache_path(target))
     _machine_model.cache_clear()
     return model
 
@@ -605,14 +602,17 @@ def calibrate(target: Target | None = None, *, seconds: float = 0.002,
 
     streams = _Streams(kernels, caches, line, seconds, repeats)
 
-    passes = [port_pass()]
-    while len(passes) < MAX_PASSES and (len(passes) < PASSES or
-                                        _reproduced([f for _, f in passes]) < 2):
-        time.sleep(PASS_SPACING_S)
-        passes.append(port_pass())
-    hz = measured("hz", statistics.median(h for h, _ in passes))
+    clocks, readings = [], []
+    while len(readings) < MAX_PASSES and (len(readings) < PASSES or
+                                          _reproduced(readings) < 2):
+        if readings:
+            time.sleep(PASS_SPACING_S)
+        clock, figures = port_pass()
+        clocks.append(clock)
+        readings.append(figures)
+    hz = measured("hz", statistics.median(clocks))
     figures = {name: measured(_BOUND_OF.get(name, name), value)
-               for name, value in _best([f for _, f in passes]).items()}
+               for name, value in _best(readings).items()}
     bandwidth, all_cores = streams.bandwidths(
         {level: figures.pop(f"bandwidth_{level}") * hz for level in CORE_LEVELS})
     bandwidth = {level: measured("bandwidth", b / hz) for level, b in bandwidth.items()}
@@ -625,15 +625,15 @@ def calibrate(target: Target | None = None, *, seconds: float = 0.002,
         bandwidth=bandwidth, bandwidth_all_cores=all_cores, cores=streams.cores,
         strided_fill=strided, calibration_seconds=round(time.perf_counter() - began, 2),
         l2_sets=l2_sets, l2_ways=l2_ways, calibrated_at=calibrated_at,
-        load_average=round(load_average, 2), passes=len(passes),
-        reproduced=_reproduced([f for _, f in passes]))
+        load_average=round(load_average, 2), passes=len(readings),
+        reproduced=_reproduced(readings))
 
 
 # Port figures checked against another figure's bounds.
 _BOUND_OF = {"fma_per_cycle_half": "fma_per_cycle", "loads_per_cycle_half": "loads_per_cycle",
              "stores_per_cycle_half": "stores_per_cycle",
              "split_loads_per_cycle": "loads_per_cycle",
-             **{f"bandwidth_{level}": "bandwidth" for level in ("L1d", "L2")}}
+             **{f"bandwidth_{level}": "bandwidth" for level in CORE_LEVELS}}
 _LOWER_IS_BETTER = {"fma_latency"}
 
 
@@ -672,11 +672,7 @@ class _Streams:
 
     def fastest(self, level: str) -> float:
         """Bytes per second of one core's fastest read of a cache level."""
-        buffer = _Buffer(self.sizes[level])
-        address, groups = self._chunks(level, buffer)[0]
-        self._read(address, groups, 1)
-        return _rate(lambda n: self._read(address, groups, n), self.seconds, self.repeats,
-                     fastest=True) * groups * self.group_bytes
+        return self._one(level, _Buffer(self.sizes[level]), fastest=True)
 
     def bandwidths(self, measured: dict[str, float]) -> tuple[dict[str, float],
                                                               dict[str, float]]:
@@ -712,14 +708,14 @@ class _Streams:
     def _read(self, address: int, groups: int, passes: int) -> None:
         self.kernels.stream(address, groups, passes, 0, self.out.ctypes.data)
 
-    def _one(self, level: str, buffer: _Buffer) -> float:
+    def _one(self, level: str, buffer: _Buffer, fastest: bool = False) -> float:
         chunks = self._chunks(level, buffer)
         for address, groups in chunks:  # warm: cached levels load, DRAM pages are touched
             self._read(address, groups, 1)
         if level != "DRAM":
             address, groups = chunks[0]
-            return _rate(lambda n: self._read(address, groups, n), self.seconds,
-                         self.repeats) * groups * self.group_bytes
+            return _rate(lambda n: self._read(address, groups, n), self.seconds, self.repeats,
+                         fastest=fastest) * groups * self.group_bytes
         turn = iter(range(1 << 62))
         times = []
         for _ in range(self.repeats):
