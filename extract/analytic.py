@@ -489,7 +489,10 @@ class _BlockCoster:
     def _diagonal(self, access: _Access) -> int:
         """How many distinct values an access takes over the unrolled copies of its loops (past
         the innermost serial one), when that is fewer than the copies: CSE then merges copies
-        whose offsets coincide. 0 when every copy reads its own value."""
+        whose offsets coincide. 0 when every copy reads its own value, or when the strides are
+        a guess (an index that is not affine)."""
+        if not access.regular:
+            return 0
         offsets, copies = {0}, 1
         for d, stride in access.strides:
             lp = self.loops[d]
