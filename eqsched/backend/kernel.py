@@ -6,7 +6,6 @@ See docs/ARCHITECTURE.md §7 Backend and target.
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
@@ -19,82 +18,7 @@ from .errors import BackendError
 from .lower import Segment
 from .options import CompileOptions
 from .target import target_machine
-
-
-class _Helpers:
-    """Threads that each run one chunk of every parallel call, handed over by a pair of locks.
-
-    A parallel call costs its dispatch on every call of the kernel; a lock released by the
-    caller and one released back by the helper is the cheapest handoff Python has (about a third
-    of a ThreadPoolExecutor's submit and result, which allocate a future and a condition). One
-    call at a time uses the helpers: kernels called from several threads take turns.
-    """
-
-    def __init__(self, count: int):
-        self._turn = threading.Lock()
-        self._go = [threading.Lock() for _ in range(count)]
-        self._done = [threading.Lock() for _ in range(count)]
-        self._work: list[tuple[Callable[..., None], tuple[int, ...]] | None] = [None] * count
-        self._errors: list[BaseException | None] = [None] * count
-        for go, done in zip(self._go, self._done):
-            go.acquire()
-            done.acquire()
-        for index in range(count):
-            threading.Thread(target=self._serve, args=(index,), daemon=True,
-                             name=f"eqsched-kernel-{index}").start()
-
-    def _serve(self, index: int) -> None:
-        while True:
-            self._go[index].acquire()
-            fn, args = self._work[index]  # type: ignore[misc]
-            try:
-                fn(*args)
-            except BaseException as err:  # handed to the caller, which raises it
-                self._errors[index] = err
-            self._done[index].release()
-
-    def run(self, calls: list[tuple[Callable[..., None], tuple[int, ...]]]) -> None:
-        """Run calls[0] on this thread and the others on helpers 0.., all at once; return when
-        every one is done."""
-        helped = calls[1:]
-        with self._turn:
-            for index, work in enumerate(helped):
-                self._work[index] = work
-                self._go[index].release()
-            first, args = calls[0]
-            try:
-                first(*args)
-            finally:
-                for index in range(len(helped)):
-                    self._done[index].acquire()
-            errors = [e for e in self._errors[:len(helped)] if e is not None]
-            self._errors[:len(helped)] = [None] * len(helped)
-        if errors:
-            raise errors[0]
-
-
-_helpers: dict[int, _Helpers] = {}
-_helpers_lock = threading.Lock()
-
-
-def _helpers_for(count: int) -> _Helpers:
-    with _helpers_lock:
-        if count not in _helpers:
-            _helpers[count] = _Helpers(count)
-        return _helpers[count]
-
-
-def run_parallel(fn: Callable[..., None], extent: int, pointers: tuple[int, ...] | list[int],
-                 threads: int) -> None:
-    """Run the chunk function `fn` over `range(extent)` split among up to `threads` threads (this
-    one and helpers), each call `fn(*pointers, lo, hi)`."""
-    n = min(threads, extent)
-    if n == 1:
-        fn(*pointers, 0, extent)
-        return
-    # ctypes releases the GIL during the call, so the chunks run on separate cores.
-    _helpers_for(n - 1).run([(fn, (*pointers, extent * t // n, extent * (t + 1) // n))
-                             for t in range(n)])
+from .team import team_for
 
 
 @dataclass(frozen=True)
@@ -107,12 +31,18 @@ class Step:
     pointers: tuple[int, ...]
     parallel_extent: int | None = None
     threads: int = 1
+    packed: int | None = None  # a chunk function's packed entry (args, lo, hi), for a team
 
     @property
     def serial(self) -> bool:
         """Whether it runs as one call on one thread (a chunk function given its whole
         extent)."""
-        return self.parallel_extent is None or min(self.threads, self.parallel_extent) == 1
+        return self.parallel_extent is None or self.team_size == 1
+
+    @property
+    def team_size(self) -> int:
+        """The threads its parallel loop is shared among."""
+        return min(self.threads, self.parallel_extent or 1)
 
 
 def aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
@@ -155,13 +85,15 @@ class Kernel:
                                if b.scope == Scope.GLOBAL]
         self._intermediate_ptrs = [a.ctypes.data for a in self._intermediates]
         n_ptrs = len(program.params)
-        self._segments = [(engine.get_function_address(seg.function), seg.parallel_extent)
+        self._segments = [(engine.get_function_address(seg.function), seg.parallel_extent,
+                           engine.get_function_address(seg.packed)
+                           if seg.parallel_extent is not None else None)
                           for seg in segments]
-        self._steps: list[tuple[Callable[..., None], int | None]] = []
-        for address, extent in self._segments:
+        self._calls: list[Callable[..., None]] = []
+        for address, extent, _ in self._segments:
             extra = [ctypes.c_int64] * 2 if extent is not None else []
             proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptrs), *extra)
-            self._steps.append((proto(address), extent))
+            self._calls.append(proto(address))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run on named inputs into fresh, aligned outputs, returned by name. Outputs and
@@ -179,19 +111,25 @@ class Kernel:
 
     def __call__(self, *arrays: np.ndarray) -> None:
         ptrs = self._pointers(arrays) + self._intermediate_ptrs
-        for fn, extent in self._steps:
+        packed_args = None
+        for fn, (_, extent, packed) in zip(self._calls, self._segments):
+            threads = min(self.options.thread_count, extent or 1)
             if extent is None:
                 fn(*ptrs)
+            elif threads == 1:
+                fn(*ptrs, 0, extent)
             else:
-                run_parallel(fn, extent, ptrs, self.options.thread_count)
+                if packed_args is None:
+                    packed_args = (ctypes.c_void_p * len(ptrs))(*ptrs)
+                team_for(threads).run(packed, ctypes.addressof(packed_args), extent)
 
     def bind(self, *arrays: np.ndarray) -> list[Step]:
         """The kernel's functions bound to `arrays` (checked as a call checks them), to be
         called later by address (`backend.chain`): the arrays and this kernel must outlive
         every such call."""
         ptrs = tuple(self._pointers(arrays) + self._intermediate_ptrs)
-        return [Step(address, ptrs, extent, self.options.thread_count)
-                for address, extent in self._segments]
+        return [Step(address, ptrs, extent, self.options.thread_count, packed)
+                for address, extent, packed in self._segments]
 
     def _pointers(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
         name = self.program.name

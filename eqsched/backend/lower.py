@@ -1,8 +1,9 @@
 """Lowering a loop program to LLVM IR: one function per run of root nodes.
 
 Consecutive non-parallel root nodes become one function `(ptr buffers...)`; a parallel root loop
-becomes a chunk function `(ptr buffers..., i64 lo, i64 hi)` over part of its range, which the kernel
-calls from several threads. Buffers are passed in `Program.params` order.
+becomes a chunk function `(ptr buffers..., i64 lo, i64 hi)` over part of its range, and its packed
+entry `(ptr args, i64 lo, i64 hi)`, which loads the buffers from an array: what the threads of a
+`team` call. Buffers are passed in `Program.params` order.
 
 Serial loops become counted loops, unrolled loops repeat their body with the variable a constant,
 and a vectorized loop emits its body once on `<L x float>` values (`indexing` says how each access
@@ -14,6 +15,7 @@ See docs/ARCHITECTURE.md §7 Backend and target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -43,6 +45,11 @@ class Segment:
     function: str
     parallel_extent: int | None = None  # set for a chunk function (ptrs..., lo, hi)
 
+    @property
+    def packed(self) -> str:
+        """A chunk function's packed entry (args, lo, hi): its pointers from an array."""
+        return f"{self.function}.packed"
+
 
 def lower(prog: Program, triple: str, data_layout: str,
           register_lanes: int = 16) -> tuple[ir.Module, list[Segment]]:
@@ -64,8 +71,10 @@ def lower(prog: Program, triple: str, data_layout: str,
         if isinstance(node, Loop) and node.kind == LoopKind.PARALLEL:
             flush()
             name = f"seg{len(segments)}"
-            _FunctionEmitter(module, prog, name, True, register_lanes).emit_chunk(node)
+            emitter = _FunctionEmitter(module, prog, name, True, register_lanes)
+            emitter.emit_chunk(node)
             segments.append(Segment(name, node.extent))
+            _packed_entry(module, emitter.fn, segments[-1].packed)
         else:
             run.append(node)
     flush()
@@ -122,9 +131,7 @@ class _FunctionEmitter:
             first, last = ir.Constant(I64, full), ir.Constant(I64, reach)
             inside = b.and_(b.icmp_signed("<", lo, last), b.icmp_signed(">", hi, first))
             with b.if_then(inside):
-                # The whole tail in the one chunk that reaches it: chunks are contiguous and
-                # the last one ends at the extent.
-                self._tail(loop, full, reach)
+                self._tail(loop, full, reach, (lo, hi))
         self.b.ret_void()
 
     def _nodes(self, nodes: tuple[Node, ...]) -> None:
@@ -173,21 +180,41 @@ class _FunctionEmitter:
         emit_transposes(self.b, self.fn, copy, self.ptrs[copy.src], self.ptrs[copy.dst], panels)
         return True
 
-    def _tail(self, loop: Loop, full: int, reach: int) -> None:
-        """The partial steps [full, reach): peeled, so the loops inside shrink to what is left,
+    def _tail(self, loop: Loop, full: int, reach: int,
+              chunk: tuple[ir.Value, ir.Value] | None = None) -> None:
+        """The partial steps [full, reach) (of them, those in a parallel loop's `chunk` [lo, hi):
+        a team claims chunks of any size): peeled, so the loops inside shrink to what is left,
         when that copy of the body is small; else run as they are, each block guarded (every
         peeled level copies the body once more, and big unrolled bodies made code that LLVM
         took a minute to compile)."""
         if reach - full <= MAX_PEELED and _emitted(loop.body) <= PEEL_LIMIT:
             for value in range(full, reach):
-                self._peeled(loop, value)
+                self._within(chunk, value, lambda v=value: self._peeled(loop, v))
             return
         self.unpartitioned += 1
         if reach - full == 1:
-            self._peeled(loop, full)
-        else:
+            self._within(chunk, full, lambda: self._peeled(loop, full))
+        elif chunk is None:
             self._counted_loop(loop, ir.Constant(I64, full), ir.Constant(I64, reach))
+        else:
+            b, (lo, hi) = self.b, chunk
+            start = b.select(b.icmp_signed(">", lo, ir.Constant(I64, full)), lo,
+                             ir.Constant(I64, full))
+            stop = b.select(b.icmp_signed("<", hi, ir.Constant(I64, reach)), hi,
+                            ir.Constant(I64, reach))
+            self._counted_loop(loop, start, stop, (full, reach - 1))
         self.unpartitioned -= 1
+
+    def _within(self, chunk: tuple[ir.Value, ir.Value] | None, value: int,
+                emit: Callable[[], None]) -> None:
+        """`emit()`, run only when step `value` lies in `chunk` (always without one)."""
+        if chunk is None:
+            emit()
+            return
+        b, (lo, hi) = self.b, chunk
+        step = ir.Constant(I64, value)
+        with b.if_then(b.and_(b.icmp_signed("<=", lo, step), b.icmp_signed(">", hi, step))):
+            emit()
 
     def _peeled(self, loop: Loop, value: int) -> None:
         """One iteration with the loop variable a constant, so the loops inside see how much of
@@ -617,6 +644,18 @@ class _FunctionEmitter:
 
     def _widen(self, value: ir.Value, ty: ir.Type) -> ir.Value:
         return broadcast(self.b, value, ty) if value.type != ty else value
+
+
+def _packed_entry(module: ir.Module, chunk: ir.Function, name: str) -> None:
+    """`name(ptr args, i64 lo, i64 hi)` calling `chunk(args[0], args[1], ..., lo, hi)`."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name)
+    fn.attributes.add("nounwind")
+    args, lo, hi = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    pointers = [b.load(b.gep(args, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR),
+                       typ=PTR) for i in range(len(chunk.args) - 2)]
+    b.call(chunk, [*pointers, lo, hi])
+    b.ret_void()
 
 
 def _blocks_under(loop: Loop) -> list[Block]:
