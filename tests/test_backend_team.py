@@ -3,6 +3,7 @@ in claims of any size, whether the helpers were spinning or asleep, from any cal
 in a forked child."""
 
 import os
+import signal
 import time
 from dataclasses import replace
 
@@ -11,6 +12,7 @@ import pytest
 
 from eqsched.backend import CompileOptions, aligned_empty, compile_program
 from eqsched.backend import team as team_module
+from eqsched.backend.chain import Chain
 from eqsched.backend.team import CHUNKS_PER_THREAD, team_for
 from eqsched.ir import LoopKind, naive_program
 from eqsched.schedule import Schedule
@@ -72,17 +74,27 @@ def test_sleeping_helpers_wake_for_the_next_loop(monkeypatch):
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
 
 
-def test_a_forked_child_gets_a_team_of_its_own():
+def test_a_forked_child_restarts_the_teams_its_kernels_and_chains_hold():
     kernel = compile_program(parallel_matmul(16, 8, 8), CompileOptions(threads=2))
     a, b, c = operands(16, 8, 8)
-    kernel(a, b, c)  # the parent's team exists before the fork
+    chain = Chain([(kernel, (a, b, c))])  # the team's addresses are compiled into its glue
+    kernel(a, b, c)  # the parent's team runs before the fork
     pid = os.fork()
     if pid == 0:  # the child: its parent's helper threads are gone
-        c.fill(np.nan)
-        kernel(a, b, c)
-        os._exit(0 if np.allclose(c, a @ b, rtol=1e-5, atol=1e-5) else 1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+        ok = True
+        for run in (lambda: kernel(a, b, c), chain):
+            c.fill(np.nan)
+            run()
+            ok = ok and np.allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60  # a child waiting on helpers it lacks would never end
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on its inherited team")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
 
 
 def test_a_team_has_two_threads_or_more():

@@ -62,7 +62,6 @@ class Team:
 
     def __init__(self, helpers: int):
         self.helpers = helpers
-        self.lock = threading.Lock()  # one loop at a time: kernels from several threads take turns
         self._state = np.zeros(STATE_WORDS + 8, np.int64)  # 64-byte aligned below
         start = (-self._state.ctypes.data % 64) // 8
         self._state = self._state[start:start + STATE_WORDS]
@@ -71,11 +70,18 @@ class Team:
         self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_int64)(self.run_address)
-        serve = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(
+        self._serve = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(
             _engine().get_function_address("team_serve"))
-        for index in range(helpers):
-            threading.Thread(target=serve, args=(self.state_address,), daemon=True,
-                             name=f"eqsched-team-{helpers}-{index}").start()
+        self._start()
+
+    def _start(self) -> None:
+        """A fresh state and lock, and the helpers started on them: at creation, and again in a
+        forked child, which inherits the team (chains hold its addresses) but not its threads."""
+        self.lock = threading.Lock()  # one loop at a time: kernels from several threads take turns
+        self._state[:] = 0
+        for index in range(self.helpers):
+            threading.Thread(target=self._serve, args=(self.state_address,), daemon=True,
+                             name=f"eqsched-team-{self.helpers}-{index}").start()
 
     def chunk(self, extent: int) -> int:
         """Iterations per claim: at least one, at most CHUNKS_PER_THREAD claims a thread."""
@@ -102,14 +108,14 @@ def team_for(threads: int) -> Team:
         return _teams[threads]
 
 
-def _forget_teams_after_fork() -> None:
-    # A forked child has none of the parent's helper threads: its teams start again.
+def _restart_teams_after_fork() -> None:
     global _teams_lock
-    _teams.clear()
     _teams_lock = threading.Lock()
+    for team in _teams.values():
+        team._start()
 
 
-os.register_at_fork(after_in_child=_forget_teams_after_fork)
+os.register_at_fork(after_in_child=_restart_teams_after_fork)
 
 _engine_made: llvm.ExecutionEngine | None = None
 
