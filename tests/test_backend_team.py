@@ -64,7 +64,7 @@ def test_a_split_loop_with_a_remainder_runs_its_tail_once_on_a_team():
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
 
 
-def test_sleeping_helpers_wake_for_the_next_loop(monkeypatch):
+def test_sleeping_helpers_wake_for_the_next_loop():
     kernel = compile_program(parallel_matmul(16, 8, 8), CompileOptions(threads=2))
     a, b, c = operands(16, 8, 8)
     for _ in range(3):

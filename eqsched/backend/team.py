@@ -144,7 +144,6 @@ class _Emitter:
     one parallel loop from the caller; both claim iterations with team_work."""
 
     def __init__(self, module: ir.Module):
-        self.module = module
         self.pause = ir.Function(module, ir.FunctionType(ir.VoidType(), []),
                                  "llvm.x86.sse2.pause")
         self.ticks = ir.Function(module, ir.FunctionType(I64, []), "llvm.readcyclecounter")
