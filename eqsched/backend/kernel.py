@@ -42,7 +42,12 @@ class Step:
     @property
     def team_size(self) -> int:
         """The threads its parallel loop is shared among."""
-        return min(self.threads, self.parallel_extent or 1)
+        return team_size(self.threads, self.parallel_extent)
+
+
+def team_size(threads: int, parallel_extent: int | None) -> int:
+    """The threads a function's parallel loop is shared among (1: it runs as one call)."""
+    return min(threads, parallel_extent or 1)
 
 
 def aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
@@ -113,7 +118,7 @@ class Kernel:
         ptrs = self._pointers(arrays) + self._intermediate_ptrs
         packed_args = None
         for fn, (_, extent, packed) in zip(self._calls, self._segments):
-            threads = min(self.options.thread_count, extent or 1)
+            threads = team_size(self.options.thread_count, extent)
             if extent is None:
                 fn(*ptrs)
             elif threads == 1:
