@@ -9,14 +9,39 @@ bench/space_soundness.py.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 
+import eqsched.egraph.space as space_module
 from eqsched.egraph.term import RfactorLoop, Sizes, Term, pack_symbol, walk
 from eqsched.ir import Program
 from eqsched.tools.rulekit import check_space
 from eqsched.workloads import list_workloads
 
 SUITE_SAMPLES = 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def each_space_saturated_once():
+    """Several tests check one workload at one size (a prime size's padded packs, a row's
+    thread and lane partials): its space is saturated once for the file, not once per test.
+    Each test still draws its own programs from it, with its own seed and filter, and derives,
+    compiles and runs every one. The last 8 spaces are kept, which covers every reuse here."""
+    build_space, built = space_module.build_space, OrderedDict()
+
+    def build_once(naive, rules, limits=None, vector_lanes=space_module.VECTOR_LANES):
+        key = (naive, tuple(r.name for r in rules), limits, tuple(vector_lanes))
+        if key not in built:
+            built[key] = build_space(naive, rules, limits, vector_lanes)
+            while len(built) > 8:
+                built.popitem(last=False)
+        built.move_to_end(key)
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(space_module, "build_space", build_once)
+        yield
 
 
 def assert_sound(workload: str, size: tuple[int, ...] | None, samples: int) -> None:
