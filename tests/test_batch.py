@@ -224,13 +224,20 @@ def test_the_cli_reports_a_bad_suite_in_one_line(tmp_path):
         "eqsched: error: bad.toml [[explore]] #1: 'workload' must be a workload name"]
 
 
-def test_ray_runs_the_same_jobs_with_the_same_programs(tiny_batch, tmp_path):
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster of 2 CPUs for this file's Ray tests: starting one took 5-10 s, and
+    each test's batch submits its own tasks to it."""
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        by_ray = run_batch(suite(TINY), tmp_path / "ray.db", executor="ray")
+        yield ray
     finally:
         ray.shutdown()
+
+
+def test_ray_runs_the_same_jobs_with_the_same_programs(tiny_batch, ray_cluster, tmp_path):
+    by_ray = run_batch(suite(TINY), tmp_path / "ray.db", executor="ray")
     local_db, local, _ = tiny_batch
     assert [r["status"] for r in by_ray.rows] == ["done", "done"]
     assert [r["job"] for r in by_ray.rows] == [r["job"] for r in local.rows]
@@ -281,34 +288,29 @@ def test_tasks_are_never_told_where_the_batch_database_is(tiny_batch):
     assert len(measured_hashes(db)) == 2 * 3  # with the naive programs: merged by the driver
 
 
-def test_a_ray_task_whose_worker_dies_is_retried_once(tmp_path):
+def test_a_ray_task_whose_worker_dies_is_retried_once(ray_cluster, tmp_path):
     import threading
 
     import psutil
 
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     events: list[str] = []
     result: list = []
-    try:
-        batch = threading.Thread(target=lambda: result.append(run_batch(
-            suite(TINY), tmp_path / "ray.db", executor="ray",
-            progress=lambda event, row: events.append(event))))
-        batch.start()
-        victim = None
-        deadline = time.time() + 120
-        while victim is None and time.time() < deadline and batch.is_alive():
-            for p in psutil.process_iter(["cmdline"]):
-                if "ray::_ray_task" in " ".join(p.info["cmdline"] or []):
-                    victim = p
-                    break
-            time.sleep(0.05)
-        assert victim is not None
-        victim.kill()
-        batch.join(timeout=300)
-        assert not batch.is_alive()
-    finally:
-        ray.shutdown()
+    batch = threading.Thread(target=lambda: result.append(run_batch(
+        suite(TINY), tmp_path / "ray.db", executor="ray",
+        progress=lambda event, row: events.append(event))))
+    batch.start()
+    victim = None
+    deadline = time.time() + 120
+    while victim is None and time.time() < deadline and batch.is_alive():
+        for p in psutil.process_iter(["cmdline"]):
+            if "ray::_ray_task" in " ".join(p.info["cmdline"] or []):
+                victim = p
+                break
+        time.sleep(0.05)
+    assert victim is not None
+    victim.kill()
+    batch.join(timeout=300)
+    assert not batch.is_alive()
     assert [r["status"] for r in result[0].rows] == ["done", "done"]
     assert events.count("retry") == 1
     with Database(tmp_path / "ray.db") as d:
