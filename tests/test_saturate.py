@@ -76,8 +76,8 @@ def test_limits_that_cannot_stop_a_saturation_are_refused(limits, message):
         Limits(**limits)
 
 
-def test_node_limit_rolls_back_the_overshooting_iteration():
-    full = saturate(naive("matmul"), default_rules()).report.enodes
+def test_node_limit_rolls_back_the_overshooting_iteration(matmul):
+    full = matmul.report.enodes  # the unlimited saturation of the same program and rules
     limit = full // 2
     sat = saturate(naive("matmul"), default_rules(), limits=Limits(enodes=limit))
     report = sat.report
