@@ -19,13 +19,14 @@ SMALL_MODELS = [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
                 ("resnet_block", {"channels": 4, "size": 6})]
 
 def small_search(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Makes `explore` search a quarter of the default population on one island: a round of
+    """Makes `explore` search an eighth of the default population on one island: a round of
     the default search (192 candidates, three first-round islands of 384) took 10-20 s of a 2-trial
     run of matmul 16x32x8, for tests about the loop, the database or the report around it
-    (tests/test_search.py tests the search). Spaces no larger than the default search would
-    rank whole are still ranked whole."""
+    (tests/test_search.py tests the search). 24 candidates still fill every batch these tests
+    measure (at most 8) from one round, as 48 did in half the time. Spaces no larger than the
+    default search would rank whole are still ranked whole."""
     default = EvolutionarySearch.__init__.__kwdefaults__
-    small = {"population": 48, "first_population": 48, "survivors": 12, "first_islands": 1,
+    small = {"population": 24, "first_population": 24, "survivors": 6, "first_islands": 1,
              "whole_space": default["population"] * (1 + default["max_generations"])}
 
     def small_evolutionary_search(*args, **kwargs) -> EvolutionarySearch:
