@@ -38,8 +38,11 @@ are re-loaded in it, as LLVM does (B[k, j] invariant in i but unrolled 16 x 4 ve
 operation that does not depend on the vectorized loop is scalar (a broadcast, for loads). A
 vector access whose lanes are not contiguous is a gather (a load per lane, never hoisted); an
 index that is not affine (a packed panel narrower than the vector) costs scalar integer code per
-lane. A local tile whose accesses depend on unrolled and vectorized loops only lives in
-registers. Accumulators kept in registers (carried through the innermost serial loop, or through
+lane. An accumulator in memory whose vector is a tail narrower than a register (7 of 8 lanes)
+is loaded and stored at every point, in the power-of-two pieces the backend accesses it in: LLVM
+promotes none of them. A local tile whose accesses depend on unrolled and vectorized loops only
+(inside its alloc) lives in registers, and counts whole toward them. Accumulators kept in
+registers (carried through the innermost serial loop, or through
 unrolled copies of a loop they do not depend on) spill beyond the register file less one
 broadcast and one copy of the widest loaded value the unrolled copies share (B[k, j] across
 the rows; an unshared operand needs none: FMAs read it from memory), or, when they go through
