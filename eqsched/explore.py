@@ -466,7 +466,7 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
     peak is the target's calibrated one (the machine model, cached on disk), never one measured
     in the process: that varied with the load (32 to 169 GFLOPS on one machine), and where it fell
     decided how many islands ran, so which programs a seed proposed (§17.3). On several
-    threads it adds each parent's parallel twin to the pool (§9)."""
+    threads it adds each member's parallel twin to the pool (§9)."""
     return EvolutionarySearch(
         space, model, seed=seed, population=population, wait_turn=gate.wait_turn, threads=threads,
         settled_s=space.naive.computation.flops / (SETTLED_SHARE * calibrated_peak_gflops * 1e9))

@@ -38,8 +38,11 @@ are re-loaded in it, as LLVM does (B[k, j] invariant in i but unrolled 16 x 4 ve
 operation that does not depend on the vectorized loop is scalar (a broadcast, for loads). A
 vector access whose lanes are not contiguous is a gather (a load per lane, never hoisted); an
 index that is not affine (a packed panel narrower than the vector) costs scalar integer code per
-lane. A local tile whose accesses depend on unrolled and vectorized loops only lives in
-registers. Accumulators kept in registers (carried through the innermost serial loop, or through
+lane. An accumulator in memory whose vector is a tail narrower than a register (7 of 8 lanes)
+is loaded and stored at every point, in the power-of-two pieces the backend accesses it in: LLVM
+promotes none of them. A local tile whose accesses depend on unrolled and vectorized loops only
+(inside its alloc) lives in registers, and counts whole toward them. Accumulators kept in
+registers (carried through the innermost serial loop, or through
 unrolled copies of a loop they do not depend on) spill beyond the register file less one
 broadcast and one copy of the widest loaded value the unrolled copies share (B[k, j] across
 the rows; an unshared operand needs none: FMAs read it from memory), or, when they go through
@@ -276,13 +279,42 @@ def _is_serial(lp: Loop) -> bool:
     return lp.kind in (LoopKind.SERIAL, LoopKind.PARALLEL) and lp.extent > 1
 
 
+def _narrow_tail(blk: Block, vec: Loop, register_lanes: int
+                 ) -> tuple[float, tuple[int, ...]] | None:
+    """For a vector loop whose last step along its axis runs fewer lanes than a register holds
+    (a 7-wide axis on 8 lanes, or 19 = 16 + 3): the share of its steps that are that tail and
+    the power-of-two pieces the backend accesses it in; None when no step is one."""
+    for binding in blk.bindings:
+        if (vec.name, 1) not in binding.terms:
+            continue
+        extent = blk.axis(binding.axis).extent
+        steps = -(-extent // vec.extent)
+        active = extent - vec.extent * (steps - 1)
+        if active >= min(vec.extent, register_lanes):
+            return None
+        return 1 / steps, tuple(1 << bit for bit in reversed(range(active.bit_length()))
+                                if active & (1 << bit))
+    return None
+
+
 def _register_tiles(prog: Program, sites: dict) -> frozenset[str]:
     """Local buffers that live in registers: small, and indexed only by unrolled and vectorized
     loops wherever they are accessed (so every index is a constant after unrolling)."""
+    around: dict[str, set[str]] = {}  # local buffer -> the loops around its alloc
+
+    def visit(nodes: tuple[Node, ...], loops: frozenset[str]) -> None:
+        for n in nodes:
+            if isinstance(n, Alloc):
+                around[n.buffer] = set(loops)
+            if not isinstance(n, Block):
+                visit(n.body, loops | {n.name} if isinstance(n, Loop) else loops)
+
+    visit(prog.body, frozenset())
     out = set()
     for buf in prog.buffers:
         if buf.scope != Scope.LOCAL or buf.size > REGISTER_TILE_ELEMS:
             continue
+        outside = around.get(buf.name, set())  # each of their steps has a tile of its own
         constant = True
         for blk, loops in sites.values():
             for ld_buffer, indices in [(blk.buffer, blk.indices)] + [
@@ -291,7 +323,9 @@ def _register_tiles(prog: Program, sites: dict) -> frozenset[str]:
                     continue
                 axes = {v for ix in indices for v in free_vars(ix)}
                 varying = {lp for b in blk.bindings if b.axis in axes for lp, _ in b.terms}
-                constant &= all(not _is_serial(lp) for lp in loops if lp.name in varying)
+                # A serial loop of one step is a constant too (LLVM drops the loop).
+                constant &= all(not _is_serial(lp) or lp.extent == 1
+                                for lp in loops if lp.name in varying - outside)
         if constant:
             out.add(buf.name)
     return frozenset(out)
@@ -316,6 +350,8 @@ class _BlockCoster:
         vec = [d for d, lp in enumerate(loops) if lp.kind == LoopKind.VECTOR]
         self.vec = vec[0] if vec else None
         self.lanes = loops[self.vec].extent if vec else 1
+        self.narrow_tail = _narrow_tail(blk, loops[self.vec], machine.vector_lanes) if vec \
+            else None
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
         self.spans: dict[int, tuple[int, int]] = {}  # loop position -> range, when not whole
@@ -361,6 +397,16 @@ class _BlockCoster:
                 if self.innermost in placed:  # updated in memory, reloaded after its store
                     # per register of the accumulator: a 56-lane row is four round trips
                     latency = self._count(placed) * self._registers(deps) * RMW_CYCLES
+                if self.narrow_tail is not None and not scattered \
+                        and store.buffer not in self.local:
+                    # ... nor a tail narrower than a register (7 of 8 lanes): the backend
+                    # accesses it in power-of-two pieces of its exact width, and LLVM keeps
+                    # those in memory, loaded and stored at every point of the tail.
+                    share, pieces = self.narrow_tail
+                    for port in ("loads", "stores"):
+                        self._op(port, len(pieces) * share, everywhere,
+                                 sum(self.machine.op_cycles(port, w) for w in pieces)
+                                 / len(pieces))
             carried = self.innermost >= 0 and self.innermost not in deps and not scattered
             if carried:
                 latency = self._count(everywhere) / chains * self.machine.fma_latency
@@ -379,10 +425,17 @@ class _BlockCoster:
             # with 12 accumulators and 9 taps of W, 26 stack accesses per step on 16 registers).
             operands = (1 + self.shared_operand_registers + self.diagonal_registers if carried
                         else max(1, self.operand_registers))
-            excess = chains * self._registers(deps) + operands - self.machine.vector_registers
+            # A local tile in registers keeps all of it live, not only the chains of the
+            # innermost loop: rows unrolled around that loop each run their own copy of it
+            # while the others wait in registers (7 rows x 8 registers over a 16-register
+            # file put every accumulator on the stack). What spills is at most what the
+            # innermost loop touches.
+            touched = chains * self._registers(deps) + operands
+            live_registers = max(touched, self._tile_registers(store.buffer, deps) + operands)
+            excess = live_registers - self.machine.vector_registers
             if live and excess > 0:
                 once, each = SPILL_CYCLES
-                spills = (once + each * excess) * self._iterations()
+                spills = (once + each * min(excess, touched)) * self._iterations()
         elif store.buffer not in self.registers:
             self._op("stores", 1, everywhere, per_lane["stores"])
         self.instructions += LOOP_INSTRUCTIONS * self._iterations()
@@ -410,6 +463,13 @@ class _BlockCoster:
 
     def _iterations(self) -> float:
         return self._count(frozenset([self.innermost])) if self.innermost >= 0 else 1.0
+
+    def _tile_registers(self, buffer: str, deps: frozenset[int]) -> int:
+        """Registers a local tile kept in registers takes whole (0 for any other buffer)."""
+        if buffer not in self.registers:
+            return 0
+        lanes = self.machine.vector_lanes if self._width(deps) > 1 else 1
+        return math.ceil(math.prod(self.shape[buffer]) / lanes)
 
     def _width(self, deps: frozenset[int]) -> int:
         return self.lanes if self.vec is not None and self.vec in deps else 1

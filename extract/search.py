@@ -16,10 +16,10 @@ two between two pieces of a group) and crosses pairs of them, keeps the best dis
 and returns the top `k` the caller has not measured, with a few random picks mixed in so a wrong
 model still sees new ground.
 Each generation also adds every parent's vector twin (the loop around its reduction vectorized)
-and, on several threads, its parallel twin (its root loops made parallel), where the space has
-that program, as MetaSchedule's ParallelizeVectorizeUnroll does to every sketch. Each sketch's
-best two stay among the parents and survivors (`_with_every_sketch`), so one sketch cannot crowd
-out the others before their sizes are tuned.
+and, on several threads, every member's parallel twin (its root loops made parallel), where the
+space has that program, as MetaSchedule's ParallelizeVectorizeUnroll does to every sketch.
+Each sketch's best two stay among the parents and survivors (`_with_every_sketch`), so one
+sketch cannot crowd out the others before their sizes are tuned.
 A round evolves for `generations` generations, and on (up to `max_generations`) while the
 predicted top `k` still gains: large spaces (fused chains) need many more than small ones. The
 first round, with no elites or survivors to start from, evolves up to `first_islands`
@@ -171,7 +171,7 @@ class EvolutionarySearch:
         self._programs: OrderedDict[tuple, Program | None] = OrderedDict()
         self._verified_hashes: set[str] = set()
         self._perfect_options: dict[int, tuple[list, list]] = {}  # id(options) -> it, perfect
-        self._parallel_twins: dict[str, Candidate | None] = {}  # this round's, by parent hash
+        self._parallel_twins: dict[str, Candidate | None] = {}  # this round's, by hash
         self._vector_twins: dict[str, Candidate | None] = {}  # likewise
 
     # ---- candidates -------------------------------------------------------------------------
@@ -362,15 +362,15 @@ class EvolutionarySearch:
             self._programs.popitem(last=False)
         return prog
 
-    def _parallel_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
-        """On several threads, each parent's `parallelized` twin (made once a round: parents
-        stay parents for several generations)."""
+    def _parallel_twins_of(self, cands: list[Candidate]) -> list[Candidate | None]:
+        """On several threads, each candidate's `parallelized` twin (made once a round: most
+        of a population stays in it for several generations)."""
         if self.threads <= 1:
             return []
-        for parent in parents:
-            if parent.hash not in self._parallel_twins:
-                self._parallel_twins[parent.hash] = self.parallelized(parent)
-        return [self._parallel_twins[parent.hash] for parent in parents]
+        for cand in cands:
+            if cand.hash not in self._parallel_twins:
+                self._parallel_twins[cand.hash] = self.parallelized(cand)
+        return [self._parallel_twins[cand.hash] for cand in cands]
 
     def parallelized(self, cand: Candidate) -> Candidate | None:
         """The candidate with each root nest's outermost loop of at least `threads` iterations
@@ -584,9 +584,12 @@ class EvolutionarySearch:
                 if len(parents) > 1 and self.rng.random() < CROSSOVER_SHARE
                 else self.mutate(self.rng.choice(parents)) for _ in range(size))
             # MetaSchedule's ParallelizeVectorizeUnroll makes every sketch's outer loops
-            # parallel; here the parents' twins join the pool beside them and the model decides
-            # (a draw rarely holds both a good register tile and a parallel root loop).
-            add(self._parallel_twins_of(parents))
+            # parallel; here the twins join the pool beside them and the model decides (a draw
+            # rarely holds both a good register tile and a parallel root loop). Every member
+            # gets its parallel twin, not only the parents: a serial program with a good tile
+            # is predicted at one core's speed, ranks below poorly tiled parallel ones and
+            # would never become a parent to be parallelized.
+            add(self._parallel_twins_of(list(pool.values())))
             add(self._vector_twins_of(parents))
             ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in _with_every_sketch(ranked, size)}

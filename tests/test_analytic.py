@@ -548,3 +548,41 @@ def test_rows_merged_along_a_diagonal_of_copies_count_against_the_registers(avx2
     model = AnalyticModel(avx2)
     assert model.breakdown(fitting)["spills"] == 0 < model.breakdown(diagonal)["spills"]
     assert model.predict([fitting])[0] < model.predict([diagonal])[0]
+
+
+def test_an_accumulator_narrower_than_a_register_goes_through_memory_at_every_step(avx2):
+    # 7 of a vector's 8 lanes: the backend accesses the rows of C in pieces of 4, 2 and 1
+    # lanes, and LLVM keeps those in memory across the k loop (conv2d 512x7x7's rows along q
+    # ran at a fraction of what the model predicted as if in registers, docs §17.6). 8 of 8
+    # lanes stay in registers over k.
+    model = AnalyticModel(avx2)
+    stores = {}
+    for n in (7, 8):
+        naive = naive_program(get_workload("matmul").build(32, n, 256))
+        stores[n] = model.breakdown(carried_rows(naive, n, 4, 8))["stores"]
+    assert stores[7] > 50 * stores[8]
+
+
+def rows_around_k(rows: int):
+    """A local tile of `rows` x 32 lanes of C; each row runs its own k loop (the rows are
+    unrolled outside it), so the whole tile stays live across them."""
+    s = Schedule(matmul(128))
+    s.split("C.i", [-1, rows])
+    s.split("C.j", [-1, 4, 8])
+    s.reorder("C.i.0", "C.j.0", "C.i.1", "C.k", "C.j.1", "C.j.2")
+    s.fuse("C.init", at="C.j.0")
+    s.cache_write("C.update", at="C.j.0")
+    for stage in ("C", "C.init", "C.write"):
+        s.unroll(f"{stage}.i.1")
+        s.unroll(f"{stage}.j.1")
+        s.vectorize(f"{stage}.j.2")
+    return s.program
+
+
+def test_a_register_tile_spills_when_it_is_larger_than_the_register_file(avx2):
+    # Each row's k loop touches 4 registers, but all 7 x 4 of the tile are live across every
+    # loop (conv2d 512x7x7's 7 x 2 x 32-lane tile on 16 registers sent every accumulator to
+    # the stack and back each step, docs §17.6).
+    model = AnalyticModel(avx2)
+    assert model.breakdown(rows_around_k(1))["spills"] == 0
+    assert model.breakdown(rows_around_k(7))["spills"] > 0
