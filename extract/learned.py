@@ -50,7 +50,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import lightgbm
 import numpy as np
 
 from eqsched.ir import Program, naive_program
@@ -62,6 +61,8 @@ from .cost import CostModel, CostModelError, get_cost_model, register, spearman
 from .features import FEATURE_NAMES, Hardware, features
 
 if TYPE_CHECKING:
+    import lightgbm
+
     from eqsched.db import Database
 
 _TINY = 1e-12
@@ -222,6 +223,9 @@ def relevance(log_seconds: np.ndarray, groups: np.ndarray) -> np.ndarray:
 def train_trees(x: np.ndarray, log_seconds: np.ndarray, groups: np.ndarray,
                 seed: int) -> lightgbm.Booster | None:
     """A lambdarank booster (higher score: faster), None when no group has two programs."""
+    # Imported here: with scipy behind it, it was most of the CLI's start-up, which every
+    # command paid, though only a learned model's training needs it.
+    import lightgbm
     order = np.argsort(groups, kind="stable")  # LightGBM wants each group's rows together
     x, log_seconds, groups = x[order], log_seconds[order], groups[order]
     _, sizes = np.unique(groups, return_counts=True)
