@@ -41,9 +41,9 @@ index that is not affine (a packed panel narrower than the vector) costs scalar 
 lane. An accumulator in memory whose vector is a tail narrower than a register (7 of 8 lanes)
 is loaded and stored at every point, in the power-of-two pieces the backend accesses it in: LLVM
 promotes none of them. A local tile whose accesses depend on unrolled and vectorized loops only
-(inside its alloc) lives in registers, and counts whole toward them. Accumulators kept in
-registers (carried through the innermost serial loop, or through
-unrolled copies of a loop they do not depend on) spill beyond the register file less one
+(of those inside its alloc) lives in registers, and counts whole toward them. Accumulators kept
+in registers (carried through the innermost serial loop, or through unrolled copies of a loop
+they do not depend on) spill beyond the register file less one
 broadcast and one copy of the widest loaded value the unrolled copies share (B[k, j] across
 the rows; an unshared operand needs none: FMAs read it from memory), or, when they go through
 memory every iteration, less every loaded value CSE keeps live across unrolled copies (B[k, j]
@@ -323,9 +323,8 @@ def _register_tiles(prog: Program, sites: dict) -> frozenset[str]:
                     continue
                 axes = {v for ix in indices for v in free_vars(ix)}
                 varying = {lp for b in blk.bindings if b.axis in axes for lp, _ in b.terms}
-                # A serial loop of one step is a constant too (LLVM drops the loop).
-                constant &= all(not _is_serial(lp) or lp.extent == 1
-                                for lp in loops if lp.name in varying - outside)
+                constant &= all(not _is_serial(lp) for lp in loops
+                                if lp.name in varying - outside)
         if constant:
             out.add(buf.name)
     return frozenset(out)
