@@ -79,9 +79,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from eqsched.affine import AffineError
+from eqsched.backend.lower import tail_pieces
 from eqsched.backend.transpose import TransposingCopy, transposing_copy
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
-from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope
+from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, walk
 from eqsched.machine_model import MachineModel, machine_model
 
 from .cost import CostModel, register
@@ -292,24 +293,15 @@ def _narrow_tail(blk: Block, vec: Loop, register_lanes: int
         active = extent - vec.extent * (steps - 1)
         if active >= min(vec.extent, register_lanes):
             return None
-        return 1 / steps, tuple(1 << bit for bit in reversed(range(active.bit_length()))
-                                if active & (1 << bit))
+        return 1 / steps, tuple(lanes for _, lanes in tail_pieces(active))
     return None
 
 
 def _register_tiles(prog: Program, sites: dict) -> frozenset[str]:
     """Local buffers that live in registers: small, and indexed only by unrolled and vectorized
     loops wherever they are accessed (so every index is a constant after unrolling)."""
-    around: dict[str, set[str]] = {}  # local buffer -> the loops around its alloc
-
-    def visit(nodes: tuple[Node, ...], loops: frozenset[str]) -> None:
-        for n in nodes:
-            if isinstance(n, Alloc):
-                around[n.buffer] = set(loops)
-            if not isinstance(n, Block):
-                visit(n.body, loops | {n.name} if isinstance(n, Loop) else loops)
-
-    visit(prog.body, frozenset())
+    around = {n.buffer: {lp.name for lp in path if isinstance(lp, Loop)}  # its alloc's loops
+              for n, path in walk(prog.body) if isinstance(n, Alloc)}
     out = set()
     for buf in prog.buffers:
         if buf.scope != Scope.LOCAL or buf.size > REGISTER_TILE_ELEMS:
@@ -467,8 +459,8 @@ class _BlockCoster:
         """Registers a local tile kept in registers takes whole (0 for any other buffer)."""
         if buffer not in self.registers:
             return 0
-        lanes = self.machine.vector_lanes if self._width(deps) > 1 else 1
-        return math.ceil(math.prod(self.shape[buffer]) / lanes)
+        size = math.prod(self.shape[buffer])
+        return self.machine.instructions(size) if self._width(deps) > 1 else size
 
     def _width(self, deps: frozenset[int]) -> int:
         return self.lanes if self.vec is not None and self.vec in deps else 1

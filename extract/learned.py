@@ -223,8 +223,8 @@ def relevance(log_seconds: np.ndarray, groups: np.ndarray) -> np.ndarray:
 def train_trees(x: np.ndarray, log_seconds: np.ndarray, groups: np.ndarray,
                 seed: int) -> lightgbm.Booster | None:
     """A lambdarank booster (higher score: faster), None when no group has two programs."""
-    # Imported here: with scipy behind it, it was most of the CLI's start-up, which every
-    # command paid, though only a learned model's training needs it.
+    # Imported here, not with the package: with scipy behind it, it is a large share of the
+    # CLI's start-up, which every command paid though only training needs it.
     import lightgbm
     order = np.argsort(groups, kind="stable")  # LightGBM wants each group's rows together
     x, log_seconds, groups = x[order], log_seconds[order], groups[order]

@@ -570,14 +570,7 @@ class _FunctionEmitter:
             store.align = 4
 
     def _pieces(self) -> list[tuple[int, int]]:
-        """(first lane, lanes) of the power-of-two pieces of a tail vector's active lanes."""
-        active = self.tail_lanes
-        pieces, start = [], 0
-        for bit in reversed(range(active.bit_length())):
-            if active & (1 << bit):
-                pieces.append((start, 1 << bit))
-                start += 1 << bit
-        return pieces
+        return tail_pieces(self.tail_lanes)
 
     def _memory_mask(self, buffer: str, mask: ir.Value | None) -> ir.Value | None:
         """The mask an access to `buffer` needs: none for a local tile under the tail mask
@@ -644,6 +637,17 @@ class _FunctionEmitter:
 
     def _widen(self, value: ir.Value, ty: ir.Type) -> ir.Value:
         return broadcast(self.b, value, ty) if value.type != ty else value
+
+
+def tail_pieces(active: int) -> list[tuple[int, int]]:
+    """(first lane, lanes) of the power-of-two pieces a tail vector's `active` lanes are loaded
+    and stored in (7: 4, 2 and 1); the analytic model costs the same pieces."""
+    pieces, start = [], 0
+    for bit in reversed(range(active.bit_length())):
+        if active & (1 << bit):
+            pieces.append((start, 1 << bit))
+            start += 1 << bit
+    return pieces
 
 
 def _packed_entry(module: ir.Module, chunk: ir.Function, name: str) -> None:
