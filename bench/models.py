@@ -36,9 +36,12 @@ BAR_MODELS, BAR = ("bert_layer", "resnet_block"), 1.0
 
 
 def _threads_for_libraries(threads: int) -> None:
-    """Must run before numpy is imported."""
+    """Must run before numpy is imported. OpenBLAS's threads spin after each call for about
+    2^28 cycles by default, on the cores the program timed next in a round needs; 2^20 is about
+    as long as eqsched's own team spins (`backend.team.SPIN_TICKS`)."""
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ[var] = str(threads)
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = "20"
 
 
 def onnxruntime_run(model, threads: int, inputs: dict):
@@ -49,6 +52,8 @@ def onnxruntime_run(model, threads: int, inputs: dict):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Its pool's threads spin after each run by default, on the cores the next program needs.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(to_onnx(model).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     named = model.source_names

@@ -31,7 +31,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # name -> (workload, size)
 CASES = {
@@ -93,6 +95,9 @@ def onnxruntime_run(workload: str, size: tuple[int, ...], inputs: dict,
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    # Its pool's threads spin after each run by default, on the cores the program timed next
+    # needs: beside eqsched's two-thread kernel they halved it.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options,
@@ -156,8 +161,29 @@ def paired_speedup(ours: list[float], theirs: list[float]) -> float:
     return statistics.median(t / o for o, t in zip(ours, theirs, strict=True))
 
 
-def best_program(workload: str, size: tuple[int, ...], trials: int, seed: int, threads: int,
-                 target: str, label: str):
+@dataclass
+class Winner:
+    """A case's program, and what its exploration said of it (None when it was replayed)."""
+
+    program: Any
+    trace: list[dict]
+    explore_s: float | None = None
+    in_run: float | None = None  # the rounds' best single timing (the winner's curse)
+    remeasured: float | None = None  # the finalists' best, re-measured side by side
+
+
+def winner(workload: str, size: tuple[int, ...], trials: int, seed: int, threads: int,
+           target: str, label: str, replay: Path | None) -> Winner | None:
+    """The exploration's best program, or with `replay` the one an earlier run's `--traces`
+    wrote to `replay / stem.json` (re-timing winners costs seconds, exploring them minutes)."""
+    if replay is not None:
+        from eqsched.ir import naive_program
+        from eqsched.schedule import Schedule, load_trace
+        from eqsched.workloads import get_workload
+
+        steps, _ = load_trace(replay / f"{label}.json")
+        comp = get_workload(workload).build(*size)
+        return Winner(Schedule.replay(naive_program(comp), steps).program, steps)
     from eqsched.explore import Settings, explore
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,7 +191,11 @@ def best_program(workload: str, size: tuple[int, ...], trials: int, seed: int, t
                          settings=Settings(threads=threads, target=target),
                          progress=lambda event, data: print(f"  {label}: {event} {data}",
                                                             file=sys.stderr, flush=True))
-    return result
+    if result.best_program is None:
+        return None
+    return Winner(result.best_program, result.best_trace, result.wall_s,
+                  result.in_run_best_gflops or result.best.gflops,
+                  result.best.gflops if result.finalists else None)
 
 
 def aligned_inputs(comp) -> dict:
@@ -205,21 +235,23 @@ def check(label: str, comp, got: dict, want: dict) -> None:
         raise SystemExit(f"{label}: disagrees with numpy: {message}")
 
 
-def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: int) -> list:
+def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: int,
+                replay: Path | None) -> list:
     from eqsched.workloads import get_workload
 
     rows = []
     for name in cases:
         workload, size = CASES[name]
         label = f"{name} [{target}]"
-        result = best_program(workload, size, trials, seed, 1, target, label)
-        if result.best_program is None:
+        best = winner(workload, size, trials, seed, 1, target,
+                      label if replay is None else trace_stem(name, target), replay)
+        if best is None:
             rows.append({"case": name, "target": target, "error": "no correct program"})
             continue
         wl = get_workload(workload)
         comp = wl.build(*size)
         inputs = aligned_inputs(comp)
-        ours = kernel_run(result.best_program, inputs, 1, target)
+        ours = kernel_run(best.program, inputs, 1, target)
         numpy_run = wl.numpy_baseline(inputs, *size)
         ort_run = onnxruntime_run(workload, size, inputs)
         ours()
@@ -234,18 +266,16 @@ def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: 
                      "vs_numpy": paired_speedup(samples[0], samples[1]),
                      "vs_onnxruntime": paired_speedup(samples[0], samples[2]),
                      "spread": max(summary(s)[1] for s in samples),
-                     "explore_s": result.wall_s, "trials": trials, "workload": workload,
-                     # the winner's curse: the rounds' best single timing, the finalists'
-                     # re-measured best (both in the exploration's worker)
-                     "in_run": result.in_run_best_gflops or result.best.gflops,
-                     "remeasured": result.best.gflops if result.finalists else None,
-                     "size": list(size), "trace": result.best_trace})
+                     "explore_s": best.explore_s, "trials": trials, "workload": workload,
+                     "in_run": best.in_run, "remeasured": best.remeasured,
+                     "size": list(size), "trace": best.trace})
         print(f"{label}: {eq:.1f} / numpy {npy:.1f} / onnxruntime {ort:.1f} GFLOPS",
               file=sys.stderr, flush=True)
     return rows
 
 
-def part_threads(cases: list[str], trials: int, seed: int, repeats: int) -> list:
+def part_threads(cases: list[str], trials: int, seed: int, repeats: int,
+                 replay: Path | None) -> list:
     from eqsched.workloads import get_workload
 
     rows = []
@@ -255,10 +285,13 @@ def part_threads(cases: list[str], trials: int, seed: int, repeats: int) -> list
         inputs = aligned_inputs(comp)
         runs, traces = [], []
         for threads in (1, 2):
-            result = best_program(workload, size, trials, seed, threads, "host",
-                                  f"{name} [{threads} threads]")
-            runs.append(kernel_run(result.best_program, inputs, threads, "host"))
-            traces.append(result.best_trace)
+            label = f"{name} [{threads} threads]" if replay is None else \
+                f"{name}-{('one', 'two')[threads - 1]}-threads"
+            best = winner(workload, size, trials, seed, threads, "host", label, replay)
+            if best is None:
+                raise SystemExit(f"{label}: no correct program")
+            runs.append(kernel_run(best.program, inputs, threads, "host"))
+            traces.append(best.trace)
             runs[-1]()
         want = get_workload(workload).numpy_baseline(inputs, *size)()
         for run in runs:
@@ -296,9 +329,9 @@ def report(rows_by_target: dict[str, list], thread_rows: list) -> bool:
             ok &= good
             print(f"{row['case']:<21} {row['eqsched']:>8.1f} "
                   f"{row['numpy']:>{max(7, len(numpy_name))}.1f} {r_np:>6.2f} "
-                  f"{row['onnxruntime']:>7.1f} {r_ort:>6.2f} {row['explore_s']:>9.1f} "
-                  f"{row['spread']:>6.1%} {row['in_run']:>7.1f} "
-                  f"{row['remeasured'] or float('nan'):>7.1f}  "
+                  f"{row['onnxruntime']:>7.1f} {r_ort:>6.2f} {_or_dash(row['explore_s']):>9} "
+                  f"{row['spread']:>6.1%} {_or_dash(row['in_run']):>7} "
+                  f"{_or_dash(row['remeasured']):>7}  "
                   f"{'ok' if good else 'BELOW'}")
         print(f"(bars: >= {NUMPY_BAR[target]} x numpy; conv2d >= {ORT_BAR} x onnxruntime; "
               f"in-run: the exploration's best single timing, finals: its finalists' best "
@@ -319,11 +352,20 @@ def report(rows_by_target: dict[str, list], thread_rows: list) -> bool:
     return ok
 
 
+def _or_dash(figure: float | None) -> str:
+    """A figure of the exploration, '-' where there was none (replayed, or no finalists)."""
+    return "-" if figure is None else f"{figure:.1f}"
+
+
+def trace_stem(case: str, target: str) -> str:
+    return f"{case}-{target.replace(',', '')}"
+
+
 def write_traces(directory: Path, rows_by_target: dict[str, list], thread_rows: list) -> None:
     from eqsched.schedule import save_trace
 
     directory.mkdir(parents=True, exist_ok=True)
-    files = [(f"{row['case']}-{target.replace(',', '')}", row, "trace")
+    files = [(trace_stem(row["case"], target), row, "trace")
              for target, rows in rows_by_target.items() for row in rows if "trace" in row]
     files += [(f"{row['case']}-{key[6:]}-threads", row, key)
               for row in thread_rows for key in ("trace_one", "trace_two")]
@@ -354,19 +396,25 @@ def main() -> None:
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--traces", metavar="DIR", help="write each winner's trace here (replay "
                     "with `eqsched run WORKLOAD --size ... --schedule FILE --target ...`)")
+    ap.add_argument("--replay", metavar="DIR", type=Path,
+                    help="time the winners an earlier run wrote with --traces DIR instead of "
+                         "exploring again")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--part-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     cases = args.only or list(CASES)
     common = ["--trials", str(args.trials), "--seed", str(args.seed), "--repeats",
               str(args.repeats), "--only", *cases]
+    if args.replay:
+        common += ["--replay", str(args.replay.resolve())]
     if args.part:
         _single_thread_libraries()
         if args.part == "threads":
             rows = part_threads([c for c in cases if c in THREAD_CASES], args.trials, args.seed,
-                                args.repeats)
+                                args.repeats, args.replay)
         else:
-            rows = part_target(args.part, cases, args.trials, args.seed, args.repeats)
+            rows = part_target(args.part, cases, args.trials, args.seed, args.repeats,
+                               args.replay)
         Path(args.part_out).write_text(json.dumps(rows))
         return
     rows_by_target = {t: run_part(["--part", t, *common], TARGETS[t]) for t in args.targets}
