@@ -173,15 +173,15 @@ class Winner:
 
 
 def winner(workload: str, size: tuple[int, ...], trials: int, seed: int, threads: int,
-           target: str, label: str, replay: Path | None) -> Winner | None:
-    """The exploration's best program, or with `replay` the one an earlier run's `--traces`
-    wrote to `replay / stem.json` (re-timing winners costs seconds, exploring them minutes)."""
-    if replay is not None:
+           target: str, label: str, saved: Path | None) -> Winner | None:
+    """The exploration's best program, or the one in the trace file `saved` (an earlier run's
+    `--traces`: re-timing winners costs seconds, exploring them minutes)."""
+    if saved is not None:
         from eqsched.ir import naive_program
         from eqsched.schedule import Schedule, load_trace
         from eqsched.workloads import get_workload
 
-        steps, _ = load_trace(replay / f"{label}.json")
+        steps, _ = load_trace(saved)
         comp = get_workload(workload).build(*size)
         return Winner(Schedule.replay(naive_program(comp), steps).program, steps)
     from eqsched.explore import Settings, explore
@@ -243,8 +243,8 @@ def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: 
     for name in cases:
         workload, size = CASES[name]
         label = f"{name} [{target}]"
-        best = winner(workload, size, trials, seed, 1, target,
-                      label if replay is None else trace_stem(name, target), replay)
+        best = winner(workload, size, trials, seed, 1, target, label,
+                      replay and replay / f"{trace_stem(name, target)}.json")
         if best is None:
             rows.append({"case": name, "target": target, "error": "no correct program"})
             continue
@@ -285,9 +285,9 @@ def part_threads(cases: list[str], trials: int, seed: int, repeats: int,
         inputs = aligned_inputs(comp)
         runs, traces = [], []
         for threads in (1, 2):
-            label = f"{name} [{threads} threads]" if replay is None else \
-                f"{name}-{('one', 'two')[threads - 1]}-threads"
-            best = winner(workload, size, trials, seed, threads, "host", label, replay)
+            label = f"{name} [{threads} threads]"
+            best = winner(workload, size, trials, seed, threads, "host", label,
+                          replay and replay / f"{thread_trace_stem(name, threads)}.json")
             if best is None:
                 raise SystemExit(f"{label}: no correct program")
             runs.append(kernel_run(best.program, inputs, threads, "host"))
@@ -361,14 +361,18 @@ def trace_stem(case: str, target: str) -> str:
     return f"{case}-{target.replace(',', '')}"
 
 
+def thread_trace_stem(case: str, threads: int) -> str:
+    return f"{case}-{('one', 'two')[threads - 1]}-threads"
+
+
 def write_traces(directory: Path, rows_by_target: dict[str, list], thread_rows: list) -> None:
     from eqsched.schedule import save_trace
 
     directory.mkdir(parents=True, exist_ok=True)
     files = [(trace_stem(row["case"], target), row, "trace")
              for target, rows in rows_by_target.items() for row in rows if "trace" in row]
-    files += [(f"{row['case']}-{key[6:]}-threads", row, key)
-              for row in thread_rows for key in ("trace_one", "trace_two")]
+    files += [(thread_trace_stem(row["case"], threads), row, key)
+              for row in thread_rows for threads, key in ((1, "trace_one"), (2, "trace_two"))]
     for stem, row, key in files:
         save_trace(directory / f"{stem}.json", row[key], workload=row["workload"],
                    size=row["size"])
