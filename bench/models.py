@@ -10,7 +10,8 @@ Per model and thread count, the model is tuned into a fresh database with that m
 (a one-thread program has no parallel loop to use a second core), then the compiled model,
 `Model.evaluate` (numpy, one BLAS thread per thread asked) and an onnxruntime session of the
 model's ONNX export (`intra_op_num_threads` = threads) are timed alternately, so all three see
-the same machine noise; each figure is a median. Bar (issue 15): the BERT layer and the ResNet
+the same machine noise; each figure is a median, each ratio the median of the rounds' own
+ratios (`portability.paired_speedup`). Bar (issue 15): the BERT layer and the ResNet
 block at >= 1.0x onnxruntime's speed on one thread with at most 1,000 trials in all.
 
 `--schedulers` instead tunes one model with each task scheduler, budget after budget (one
@@ -62,7 +63,7 @@ def onnxruntime_run(model, threads: int, inputs: dict):
 
 
 def part_model(name: str, threads: int, trials: int, seed: int, repeats: int) -> dict:
-    from portability import timed
+    from portability import paired_speedup, sampled, summary
 
     from eqsched.backend import CompileOptions, Target
     from eqsched.compiled_model import CompiledModel
@@ -82,11 +83,12 @@ def part_model(name: str, threads: int, trials: int, seed: int, repeats: int) ->
         verdict = compiled.check(inputs)
         if not verdict:
             raise SystemExit(f"{name} x{threads}: {verdict.message}")
-        ours, theirs, numpy_eval = timed([lambda: compiled(inputs),
-                                          onnxruntime_run(model, threads, inputs),
-                                          lambda: model.evaluate(inputs)], repeats)
+        samples = sampled([lambda: compiled(inputs), onnxruntime_run(model, threads, inputs),
+                           lambda: model.evaluate(inputs)], repeats)
+    ours, theirs, numpy_eval = (summary(s) for s in samples)
     return {"model": name, "threads": threads, "trials": tuned.trials,
             "eqsched_s": ours[0], "onnxruntime_s": theirs[0], "numpy_s": numpy_eval[0],
+            "vs_onnxruntime": paired_speedup(samples[0], samples[1]),
             "default_s": tuned.default_latency_s, "spread": max(ours[1], theirs[1]),
             "tasks": tuned.tasks}
 
@@ -123,7 +125,7 @@ def part_schedulers(name: str, budgets: list[int], seed: int, keep: Path | None)
 def time_schedulers(name: str, keep: Path, repeats: int, seed: int) -> list[dict]:
     """The end-to-end latency of every database kept for `name`, timed alternately with each
     other and with onnxruntime's, so every budget and scheduler sees the same machine noise."""
-    from portability import timed
+    from portability import paired_speedup, sampled, summary
 
     from eqsched.backend import CompileOptions, Target
     from eqsched.compiled_model import CompiledModel
@@ -139,12 +141,13 @@ def time_schedulers(name: str, keep: Path, repeats: int, seed: int) -> list[dict
     inputs = compiled[0].random_inputs(seed)
     verdicts = [c.check(inputs) for c in compiled]
     calls = [lambda c=c: c(inputs) for c in compiled] + [onnxruntime_run(model, 1, inputs)]
-    times = timed(calls, repeats)
-    ort_s = times[-1][0]
+    samples = sampled(calls, repeats)
+    ort_s = summary(samples[-1])[0]
     return [{"model": name, "scheduler": db.stem.split(".")[1],
-             "trials": int(db.stem.split(".")[2]), "latency_s": t[0], "spread": t[1],
-             "onnxruntime_s": ort_s, "correct": bool(v)}
-            for db, t, v in zip(kept, times, verdicts)]
+             "trials": int(db.stem.split(".")[2]), "latency_s": summary(s)[0],
+             "spread": summary(s)[1], "onnxruntime_s": ort_s,
+             "vs_onnxruntime": paired_speedup(s, samples[-1]), "correct": bool(v)}
+            for db, s, v in zip(kept, samples, verdicts)]
 
 
 def main() -> None:
@@ -183,7 +186,7 @@ def main() -> None:
         for r in rows:
             print(f"{r['model']:<13} {r['scheduler']:<13} {r['trials']:>6}  "
                   f"{r['latency_s'] * 1e3:10.3f}  {r['onnxruntime_s'] * 1e3:9.3f}  "
-                  f"{r['onnxruntime_s'] / r['latency_s']:8.2f}x  {r['spread']:5.1%}"
+                  f"{r['vs_onnxruntime']:8.2f}x  {r['spread']:5.1%}"
                   f"{'' if r['correct'] else '  WRONG'}")
     else:
         import subprocess
@@ -198,7 +201,7 @@ def main() -> None:
         print("model         threads  trials  eqsched ms  onnxrt ms  numpy ms  default ms  "
               "vs onnxrt  spread")
         for r in rows:
-            speed = r["onnxruntime_s"] / r["eqsched_s"]
+            speed = r["vs_onnxruntime"]
             bar = (r["model"] in BAR_MODELS and r["threads"] == 1
                    and r["trials"] <= 1000)
             verdict = ("ok" if speed >= BAR else "BELOW") if bar else ""
