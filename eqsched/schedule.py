@@ -346,7 +346,8 @@ class Schedule:
         A factor that does not divide the dimension pads it (TVM's pad_einsum, oneDNN's padded
         blocks): the panels number the ceiling, and the copy's source axis is split with a
         remainder, so the last panel is copied only as far as the buffer goes. The pad is never
-        written and never read: a reader's own axis guard keeps it inside the buffer's extent."""
+        written and never read: a reader's own axis guard keeps it inside the buffer's extent.
+        When the reader's root nest is parallel, so is the copy's panel loop."""
         prog = self._program
         blk = self._block(block)
         where = f"pack {buffer} for {block}"
@@ -393,6 +394,12 @@ class Schedule:
         kinds = [LoopKind.SERIAL] * len(pshape)
         if dim != len(shape) - 1 and factor <= MAX_UNROLL:
             kinds[-1] = LoopKind.UNROLL
+        root = _root_nest(prog, block, alone=False)
+        # The copy runs on every call before the reader's nest; when that nest shares its work
+        # out across threads, a serial copy would leave the other cores waiting for one. Panels
+        # are disjoint, so the panel loop is parallel like the reader's outermost loop.
+        if isinstance(root, Loop) and root.kind == LoopKind.PARALLEL and panels > 1:
+            kinds[0] = LoopKind.PARALLEL
         copy_nest = nest(list(zip(loops, pshape, kinds)), (copy_blk,))
 
         def repack(e: Expr) -> Expr | None:
@@ -407,7 +414,6 @@ class Schedule:
                 return replace(node, value=transform(node.value, repack))
             return None
 
-        root = _root_nest(prog, block, alone=False)
         body: list[Node] = []
         for n in prog.body:
             body += list(copy_nest) if n is root else []

@@ -355,6 +355,22 @@ def test_pack_along_an_outer_dimension_unrolls_the_transposing_copy():
     assert rows.program.loop("B_packed.p2").kind == LoopKind.SERIAL
 
 
+def test_the_copy_feeding_a_parallel_nest_is_parallel_over_its_panels():
+    comp, sch = build("matmul", 16, 24, 8)
+    sch.split("C.i", [4, 4])
+    sch.parallel("C.i.0")
+    sch.pack("C.update", "B", dim=1, factor=8)  # 3 panels, copied by the cores the update uses
+    prog = sch.program
+    assert prog.loop("B_packed.p0").kind == LoopKind.PARALLEL
+    assert {prog.loop(f"B_packed.p{n}").kind for n in (1, 2)} == {LoopKind.SERIAL}
+    assert_computes(prog, comp)
+    _, one_panel = build("matmul", 16, 8, 8)
+    one_panel.split("C.i", [4, 4])
+    one_panel.parallel("C.i.0")
+    one_panel.pack("C.update", "B", dim=1, factor=8)  # nothing to share out
+    assert one_panel.program.loop("B_packed.p0").kind == LoopKind.SERIAL
+
+
 def test_pack_with_a_factor_that_does_not_divide_pads_the_last_panel():
     comp, sch = build("matmul", 5, 13, 7)
     sch.pack("C.update", "B", dim=1, factor=8)  # 13 columns in 2 panels of 8: 3 of pad
