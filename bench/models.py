@@ -47,15 +47,11 @@ def _threads_for_libraries(threads: int) -> None:
 
 def onnxruntime_run(model, threads: int, inputs: dict):
     import onnxruntime as ort
+    from portability import session_options
 
     from eqsched.model import to_onnx
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    # Its pool's threads spin after each run by default, on the cores the next program needs.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(to_onnx(model).SerializeToString(), options,
+    session = ort.InferenceSession(to_onnx(model).SerializeToString(), session_options(threads),
                                    providers=["CPUExecutionProvider"])
     named = model.source_names
     feed = {named.get(k, k): v for k, v in inputs.items()}
@@ -144,10 +140,11 @@ def time_schedulers(name: str, keep: Path, repeats: int, seed: int) -> list[dict
     samples = sampled(calls, repeats)
     ort_s = summary(samples[-1])[0]
     return [{"model": name, "scheduler": db.stem.split(".")[1],
-             "trials": int(db.stem.split(".")[2]), "latency_s": summary(s)[0],
-             "spread": summary(s)[1], "onnxruntime_s": ort_s,
-             "vs_onnxruntime": paired_speedup(s, samples[-1]), "correct": bool(v)}
-            for db, s, v in zip(kept, samples, verdicts)]
+             "trials": int(db.stem.split(".")[2]), "latency_s": median, "spread": spread,
+             "onnxruntime_s": ort_s, "vs_onnxruntime": paired_speedup(s, samples[-1]),
+             "correct": bool(v)}
+            for db, s, (median, spread), v in zip(kept, samples, map(summary, samples),
+                                                  verdicts)]
 
 
 def main() -> None:

@@ -58,6 +58,19 @@ def _single_thread_libraries() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
 
 
+def session_options(threads: int):
+    """onnxruntime session options on `threads` intra-op threads that do not spin: the pool's
+    threads spin after each run by default, on the cores the program timed next in a round
+    needs (beside eqsched's two-thread kernel they halved it)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 def onnxruntime_run(workload: str, size: tuple[int, ...], inputs: dict,
                     threads: int = 1) -> Callable[[], None]:
     """An onnxruntime session of the workload on `threads` intra-op threads, with its buffers
@@ -93,12 +106,7 @@ def onnxruntime_run(workload: str, size: tuple[int, ...], inputs: dict,
     graph = helper.make_graph(nodes, workload, [tensor(f, inputs[by_feed[f]].shape) for f in feeds],
                               [tensor(out, out_shape)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    # Its pool's threads spin after each run by default, on the cores the program timed next
-    # needs: beside eqsched's two-thread kernel they halved it.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.inter_op_num_threads = 1
+    options = session_options(threads)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
@@ -260,12 +268,13 @@ def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: 
         ort_run()
         check(f"{label} onnxruntime", comp, {next(iter(ours.outputs)): ort_run.output}, want)
         samples = sampled([ours, numpy_run, ort_run], repeats)
-        eq, npy, ort = (comp.flops / summary(s)[0] / 1e9 for s in samples)
+        stats = [summary(s) for s in samples]
+        eq, npy, ort = (comp.flops / median / 1e9 for median, _ in stats)
         rows.append({"case": name, "target": target, "eqsched": eq, "numpy": npy,
                      "onnxruntime": ort,
                      "vs_numpy": paired_speedup(samples[0], samples[1]),
                      "vs_onnxruntime": paired_speedup(samples[0], samples[2]),
-                     "spread": max(summary(s)[1] for s in samples),
+                     "spread": max(spread for _, spread in stats),
                      "explore_s": best.explore_s, "trials": trials, "workload": workload,
                      "in_run": best.in_run, "remeasured": best.remeasured,
                      "size": list(size), "trace": best.trace})
@@ -300,11 +309,12 @@ def part_threads(cases: list[str], trials: int, seed: int, repeats: int,
         # is not always a whole core, and this says how far from 2x the machine itself is.
         runs += [onnxruntime_run(workload, size, inputs, threads) for threads in (1, 2)]
         samples = sampled(runs, repeats)
-        one, two = (comp.flops / summary(s)[0] / 1e9 for s in samples[:2])
+        stats = [summary(s) for s in samples]
+        one, two = (comp.flops / median / 1e9 for median, _ in stats[:2])
         rows.append({"case": name, "one": one, "two": two, "workload": workload,
                      "speedup": paired_speedup(samples[1], samples[0]),
                      "onnxruntime_speedup": paired_speedup(samples[3], samples[2]),
-                     "size": list(size), "spread": max(summary(s)[1] for s in samples),
+                     "size": list(size), "spread": max(spread for _, spread in stats),
                      "trace_one": traces[0], "trace_two": traces[1]})
     return rows
 
