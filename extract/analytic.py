@@ -79,7 +79,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eqsched.affine import AffineError
-from eqsched.backend.lower import tail_pieces
+from eqsched.backend.lower import body_copies, tail_pieces
 from eqsched.backend.transpose import TransposingCopy, transposing_copy
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, walk
@@ -345,6 +345,9 @@ class _BlockCoster:
             else None
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
+        # The backend runs a small straight-line body several times per step of that loop.
+        self.copies = body_copies(loops[self.innermost], machine.vector_lanes) \
+            if serial else 1
         self.spans: dict[int, tuple[int, int]] = {}  # loop position -> range, when not whole
         self.cycles = dict.fromkeys(("compute", "loads", "stores"), 0.0)
         self.instructions = 0.0
@@ -429,8 +432,8 @@ class _BlockCoster:
                 spills = (once + each * min(excess, touched)) * self._iterations()
         elif store.buffer not in self.registers:
             self._op("stores", 1, everywhere, per_lane["stores"])
-        self.instructions += LOOP_INSTRUCTIONS * self._iterations()
-        body = self.instructions / max(self._iterations(), 1)
+        self.instructions += LOOP_INSTRUCTIONS * self._iterations() / self.copies
+        body = self.instructions / max(self._iterations(), 1) * self.copies
         width = self.machine.issue_width
         if body > self.machine.caches["L1i"] / INSTRUCTION_BYTES:
             width *= LEGACY_DECODE_SHARE

@@ -586,3 +586,17 @@ def test_a_register_tile_spills_when_it_is_larger_than_the_register_file(avx2):
     model = AnalyticModel(avx2)
     assert model.breakdown(rows_around_k(1))["spills"] == 0
     assert model.breakdown(rows_around_k(7))["spills"] > 0
+
+
+def test_a_loop_the_backend_runs_in_copies_issues_its_bookkeeping_once_per_copies(
+        avx512, monkeypatch):
+    import eqsched.backend.lower as lower
+    prog = register_tiled(matmul(256), n=256)  # every innermost loop body is small
+    issue = {}
+    for copies in (1, 2, 4):
+        monkeypatch.setattr(lower, "MAX_COPIES", copies)
+        issue[copies] = AnalyticModel(avx512).breakdown(prog)["issue"]
+    # Each step's increment and compare-and-branch come once per copies: 4 copies save 3/4 of
+    # them, 2 copies 1/2.
+    assert issue[4] < issue[2] < issue[1]
+    assert (issue[1] - issue[4]) / (issue[1] - issue[2]) == pytest.approx(1.5)

@@ -16,7 +16,7 @@ from eqsched.backend import (
     aligned_copy,
     compile_program,
 )
-from eqsched.backend.lower import PEEL_LIMIT, lower
+from eqsched.backend.lower import PEEL_LIMIT, body_copies, lower
 from eqsched.expr import Const, Load, Var
 from eqsched.interp import run_program
 from eqsched.ir import (
@@ -391,8 +391,38 @@ def panels_under_a_wide_vector(n: int, factor: int) -> Program:
 def test_a_vector_over_several_packed_panels_loads_each_panels_run():
     text = str(lower(panels_under_a_wide_vector(128, 16), "", "")[0])
     assert "gather" not in text
-    assert len(re.findall(r"load <16 x float>", text)) == 4  # B_packed's four runs
+    # B_packed's four runs, in each of the 3 bodies of the 5-step C.k (2 copies per step, the
+    # fifth step peeled).
+    assert len(re.findall(r"load <16 x float>", text)) == 4 * 3
     assert_matches_reference(panels_under_a_wide_vector(128, 16), seed=5)
+
+
+def register_tile(m: int, n: int, k: int, rows: int) -> Program:
+    """C's rows in unrolled groups of `rows` with j a vector, k the innermost serial loop."""
+    sch = Schedule(naive_program(matmul(m, n, k)))
+    sch.split("C.i", [-1, rows])
+    sch.reorder("C.i.0", "C.k", "C.i.1", "C.j")
+    sch.unroll("C.i.1")
+    sch.vectorize("C.j")
+    return sch.program
+
+
+def test_a_small_innermost_loop_body_runs_in_copies_per_step():
+    prog = register_tile(4, 64, 100, rows=4)
+    assert body_copies(prog.loop("C.k"), register_lanes=16) == 4  # 4 rows x 4 registers each
+    assert body_copies(prog.loop("C.k"), register_lanes=4) == 1  # 64 registers' worth: too big
+    assert body_copies(prog.loop("C.i.0"), register_lanes=16) == 1  # C.k inside: not innermost
+    assert body_copies(register_tile(4, 64, 5, rows=4).loop("C.k"), 16) == 2  # 5 steps: 2 + 2 + 1
+    assert body_copies(register_tile(4, 64, 3, rows=4).loop("C.k"), 16) == 1
+    text = str(lower(prog, "", "")[0])
+    assert re.search(r'add nuw nsw i64 %"C\.k\.1", 4', text)  # the step advances by the copies
+    assert len(re.findall(r"llvm.fma", text)) == 4 * 4 + 1  # 4 copies of the 4 rows' FMAs
+
+
+@pytest.mark.parametrize("k", [100, 7, 11, 2])
+def test_loops_run_in_copies_with_a_peeled_remainder_match_the_reference(k):
+    # 7 and 11 steps leave 1 and 3 steps past the copies (2 and 4 per step), peeled.
+    assert_matches_reference(register_tile(6, 48, k, rows=3), seed=k)
 
 
 def test_a_masked_vector_over_packed_panels_gathers_its_runs():

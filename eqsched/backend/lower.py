@@ -36,6 +36,10 @@ PTR = ir.PointerType()
 # loop that disagree on where their axes end) run as a loop with each block guarded.
 MAX_PEELED = 2
 PEEL_LIMIT = 256  # blocks (unrolled copies counted) a peeled tail may emit
+# An innermost serial loop whose body is straight-line code of at most this many vector
+# registers' worth of block evaluations per step runs up to MAX_COPIES copies of it per step.
+COPY_BUDGET = 96
+MAX_COPIES = 4
 
 
 @dataclass(frozen=True)
@@ -166,8 +170,13 @@ class _FunctionEmitter:
             for value in range(0 if full == 1 else full, reach):
                 self._peeled(loop, value)
         else:
-            if full > 0:
-                self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, full))
+            copies = 1 if self.unpartitioned else body_copies(loop, self.register_lanes)
+            whole = full - full % copies
+            if whole > 0:
+                self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, whole),
+                                   copies=copies)
+            for value in range(whole, full):
+                self._peeled(loop, value)
             if reach > full:
                 self._tail(loop, full, reach)
 
@@ -257,7 +266,9 @@ class _FunctionEmitter:
         return full, reach
 
     def _counted_loop(self, loop: Loop, lo: ir.Value, hi: ir.Value,
-                      span: tuple[int, int] | None = None) -> None:
+                      span: tuple[int, int] | None = None, copies: int = 1) -> None:
+        """`loop` over [lo, hi), its body `copies` times per step (the step then advances by
+        `copies`; hi - lo must be a multiple of it)."""
         b = self.b
         body = self.fn.append_basic_block(loop.name)
         done = self.fn.append_basic_block(f"{loop.name}.done")
@@ -271,10 +282,13 @@ class _FunctionEmitter:
         iv.add_incoming(lo, pre)
         if span is None and isinstance(lo, ir.Constant) and isinstance(hi, ir.Constant):
             span = (lo.constant, hi.constant - 1)
-        self.ix.enter(loop, iv, span)
-        self._nodes(loop.body)
-        self.ix.leave(loop)
-        nxt = b.add(iv, ir.Constant(I64, 1), flags=["nuw", "nsw"])
+        for copy in range(copies):
+            value = iv if copy == 0 else b.add(iv, ir.Constant(I64, copy), flags=["nuw", "nsw"])
+            self.ix.enter(loop, value,
+                          None if span is None else (span[0] + copy, span[1] - copies + 1 + copy))
+            self._nodes(loop.body)
+            self.ix.leave(loop)
+        nxt = b.add(iv, ir.Constant(I64, copies), flags=["nuw", "nsw"])
         iv.add_incoming(nxt, b.block)
         b.cbranch(b.icmp_signed("<", nxt, hi), body, done)
         b.position_at_end(done)
@@ -672,6 +686,44 @@ def _blocks_under(loop: Loop) -> list[Block]:
     return out
 
 
+def body_copies(loop: Loop, register_lanes: int) -> int:
+    """Copies of its body a serial loop runs per step: more than one only for an innermost
+    serial loop (everything inside it unrolled or vectorized) whose body is small. Its
+    increment, compare and branch then come once per copies: on a core whose issue slots a
+    register tile's FMAs, loads and broadcasts nearly fill, they cost up to a tenth of the
+    time (docs/ARCHITECTURE.md §7 "Copies of small loop bodies")."""
+    if loop.kind != LoopKind.SERIAL:
+        return 1
+    work = _straight_work(loop.body, register_lanes)
+    copies = MAX_COPIES
+    while copies > 1 and (work is None or work * copies > COPY_BUDGET
+                          or loop.extent < 2 * copies):
+        copies //= 2
+    return copies
+
+
+def _straight_work(nodes: tuple[Node, ...], register_lanes: int) -> int | None:
+    """Block evaluations the nodes emit, a vector loop's as many as its registers; None when a
+    serial or parallel loop of more than one step is inside (the body is not straight-line)."""
+    total = 0
+    for n in nodes:
+        if isinstance(n, Block):
+            total += 1
+            continue
+        inner = _straight_work(n.body, register_lanes)
+        if inner is None:
+            return None
+        if isinstance(n, Loop):
+            if n.kind == LoopKind.UNROLL:
+                inner *= n.extent
+            elif n.kind == LoopKind.VECTOR:
+                inner *= -(-n.extent // register_lanes)
+            elif n.extent > 1:
+                return None
+        total += inner
+    return total
+
+
 def _emitted(nodes: tuple[Node, ...]) -> int:
     """Blocks the nodes emit, an unrolled loop's body once per step: what a peeled copy costs."""
     total = 0
@@ -726,4 +778,4 @@ def _gather(module: ir.Module, ty: ir.VectorType) -> ir.Function:
                       [ir.VectorType(PTR, ty.count), I32, ir.VectorType(I1, ty.count), ty])
 
 
-__all__ = ["Segment", "lower"]
+__all__ = ["Segment", "body_copies", "lower"]
