@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -125,12 +126,17 @@ def onnxruntime_run(workload: str, size: tuple[int, ...], inputs: dict,
 
 
 def sampled(fns: list[Callable[[], None]], repeats: int,
-            window: float = 0.02) -> list[list[float]]:
+            window: float = 0.02, seed: int = 0) -> list[list[float]]:
     """Seconds per call of each function, one sample per function in each of `repeats` rounds;
-    a round times every function once, in turn.
+    a round times every function once, in an order shuffled each round (seeded).
 
     Each sample calls a function back to back for about `window` seconds, so a program of a
-    tenth of a millisecond is not timed against the clock's resolution."""
+    tenth of a millisecond is not timed against the clock's resolution, after one untimed call.
+    A call right after another function's can run slower (the caches, and whatever else that
+    function left, are not its own): one conv2d program timed in two places of each round ran
+    10-12% slower right after numpy's. In a fixed order each function always follows the same
+    one, and that bias does not pair away; the untimed call takes part of it, and the shuffled
+    order spreads the rest over every function."""
     calls = []
     for fn in fns:
         fn()  # warm
@@ -138,12 +144,17 @@ def sampled(fns: list[Callable[[], None]], repeats: int,
         fn()
         calls.append(max(1, round(window / max(time.perf_counter() - start, 1e-7))))
     times: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    shuffle = random.Random(seed).shuffle
     for _ in range(repeats):
-        for fn, n, out in zip(fns, calls, times):
+        shuffle(order)
+        for index in order:
+            fn, n = fns[index], calls[index]
+            fn()
             start = time.perf_counter()
             for _ in range(n):
                 fn()
-            out.append((time.perf_counter() - start) / n)
+            times[index].append((time.perf_counter() - start) / n)
     return times
 
 
