@@ -83,6 +83,7 @@ from eqsched.backend.lower import body_copies, tail_pieces
 from eqsched.backend.transpose import TransposingCopy, transposing_copy
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, walk
+from eqsched.legality import loop_binding
 from eqsched.machine_model import MachineModel, machine_model
 
 from .cost import CostModel, register
@@ -223,10 +224,16 @@ class AnalyticModel(CostModel):
         return out
 
     def _share(self, root: Node) -> float:
-        """The fraction of a root nest one core runs (a parallel loop's chunks are balanced)."""
+        """The fraction of a root nest the busiest core runs: a parallel loop's steps go to
+        the threads as they free up, and a step over an axis's remainder has fewer points (56
+        columns in two steps of 32: one core runs 32 of them, not half)."""
         if not isinstance(root, Loop) or root.kind != LoopKind.PARALLEL:
             return 1.0
-        return math.ceil(root.extent / self.threads) / root.extent
+        weights = _step_points(root)
+        loads = [0.0] * min(self.threads, len(weights))
+        for weight in sorted(weights, reverse=True):
+            loads[loads.index(min(loads))] += weight
+        return max(loads) / sum(weights)
 
     def _profile(self, prog: Program, blk: Block, loops: tuple[Loop, ...],
                  in_registers: frozenset[str]) -> _Profile:
@@ -257,6 +264,21 @@ def _sites(prog: Program) -> dict[str, tuple[Block, tuple[Loop, ...]]]:
 
     visit(prog.body, ())
     return out
+
+
+def _step_points(root: Loop) -> list[float]:
+    """Points of the main block under `root` (its reduction, else its first block) each step
+    of `root` covers: a step past the end of the loop's axis covers fewer (the remainder),
+    or none. Equal steps when no block binds the loop to an axis."""
+    blocks = [n for n, _ in walk(root.body) if isinstance(n, Block)]
+    bound = [blk for blk in blocks if loop_binding(blk, root.name) is not None]
+    if not bound:
+        return [1.0] * root.extent
+    blk = next((b for b in bound if b.reduce is not None), bound[0])
+    axis, stride = loop_binding(blk, root.name)
+    rest = blk.axis(axis).extent - blk.binding(axis).offset
+    points = [max(0, min(stride, rest - step * stride)) for step in range(root.extent)]
+    return [float(p) for p in points] if sum(points) else [1.0] * root.extent
 
 
 def _blocks_under(node: Node) -> list[str]:

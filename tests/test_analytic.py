@@ -317,6 +317,23 @@ def test_a_parallel_loop_helps_only_with_several_threads(avx512):
     assert one.predict([parallel])[0] == pytest.approx(two.predict([parallel])[0] * 2, rel=0.05)
 
 
+def test_a_parallel_loop_over_a_remainder_runs_as_long_as_its_fullest_step(avx512):
+    # 56 columns in two parallel steps of 32: one core runs 32 of them, the other 24.
+    naive = naive_program(get_workload("matmul").build(64, 56, 256))
+    split, whole = Schedule(naive), Schedule(naive)
+    split.split("C.j", [-1, 32])
+    split.reorder("C.j.0", "C.i", "C.k", "C.j.1")
+    split.parallel("C.j.0")
+    whole.split("C.i", [-1, 32])
+    whole.reorder("C.i.0", "C.i.1", "C.k", "C.j")
+    whole.parallel("C.i.0")
+    one, two = AnalyticModel(avx512, threads=1), AnalyticModel(avx512, threads=2)
+    for sch, busiest in ((split, 32 / 56), (whole, 1 / 2)):
+        update = [n for n in sch.program.body if n.name.startswith("C.")][-1]
+        assert two._share(update) == pytest.approx(busiest)
+        assert one._share(update) == 1.0
+
+
 def parallel_stream(n=1 << 24):
     """An elementwise chain over 64 MiB per array, each stage vectorized and split in 16
     parallel chunks: DRAM-bound."""
