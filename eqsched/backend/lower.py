@@ -690,8 +690,8 @@ def body_copies(loop: Loop, register_lanes: int) -> int:
     """Copies of its body a serial loop runs per step: more than one only for an innermost
     serial loop (everything inside it unrolled or vectorized) whose body is small. Its
     increment, compare and branch then come once per copies: on a core whose issue slots a
-    register tile's FMAs, loads and broadcasts nearly fill, they cost up to a tenth of the
-    time (docs/ARCHITECTURE.md §7 "Copies of small loop bodies")."""
+    register tile's FMAs, loads and broadcasts nearly fill, they can cost a tenth of the time
+    or more (docs/ARCHITECTURE.md §7 "Copies of small loop bodies")."""
     if loop.kind != LoopKind.SERIAL:
         return 1
     work = _straight_work(loop.body, register_lanes)
