@@ -1,5 +1,6 @@
 """Copies of small loop bodies (docs/ARCHITECTURE.md §7): saved programs compiled with the
-backend's copies and without them (`MAX_COPIES = 1`), timed side by side with numpy in one run.
+backend's copies and without them (`CompileOptions(body_copies=1)`), timed side by side with
+numpy in one run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/body_copies.py DIR
     OPENBLAS_CORETYPE=Haswell python bench/body_copies.py DIR --target host,-avx512f
@@ -40,8 +41,6 @@ def main() -> None:
 
     from portability import aligned_inputs, check, kernel_run, paired_speedup, sampled, summary
 
-    import eqsched.backend.compiler as compiler
-    import eqsched.backend.lower as lower
     from eqsched.ir import naive_program
     from eqsched.schedule import Schedule, load_trace
     from eqsched.workloads import get_workload
@@ -49,7 +48,6 @@ def main() -> None:
     traces = traces_of(args.paths, args.target)
     if not traces:
         raise SystemExit(f"no traces of target {args.target} in {', '.join(map(str, args.paths))}")
-    copies = lower.MAX_COPIES
     print(f"{'program':40s} {'copies':>8s} {'without':>8s} {'numpy':>8s} {'speedup':>8s}")
     for path in traces:
         saved = json.loads(path.read_text())
@@ -58,12 +56,8 @@ def main() -> None:
         steps, _ = load_trace(str(path))
         program = Schedule.replay(naive_program(comp), steps).program
         inputs = aligned_inputs(comp)
-        runs = []
-        for most in (copies, 1):
-            lower.MAX_COPIES = most
-            compiler._cache.clear()  # compiled programs are cached by (program, options)
-            runs.append(kernel_run(program, inputs, 1, args.target))
-        lower.MAX_COPIES = copies
+        runs = [kernel_run(program, inputs, 1, args.target),
+                kernel_run(program, inputs, 1, args.target, body_copies=1)]
         numpy_run = wl.numpy_baseline(inputs, *saved["size"])
         want = numpy_run()
         for label, run in zip(("copies", "without"), runs):

@@ -228,10 +228,14 @@ def aligned_inputs(comp) -> dict:
     return {name: aligned_copy(array) for name, array in random_inputs(comp, 0).items()}
 
 
-def kernel_run(program, inputs: dict, threads: int, target: str) -> Callable[[], None]:
+def kernel_run(program, inputs: dict, threads: int, target: str,
+               **settings: Any) -> Callable[[], None]:
+    """`program` compiled (with these further `CompileOptions` settings) and bound to `inputs`
+    and outputs of its own."""
     from eqsched.backend import CompileOptions, Target, aligned_empty, compile_program
 
-    kernel = compile_program(program, CompileOptions(threads=threads, target=Target.parse(target)))
+    kernel = compile_program(program, CompileOptions(threads=threads, target=Target.parse(target),
+                                                     **settings))
     arrays = [inputs[b.name] for b in program.inputs]
     outputs = {b.name: aligned_empty(b.shape) for b in program.outputs}
     arrays += list(outputs.values())

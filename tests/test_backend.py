@@ -417,6 +417,11 @@ def test_a_small_innermost_loop_body_runs_in_copies_per_step():
     text = str(lower(prog, "", "")[0])
     assert re.search(r'add nuw nsw i64 %"C\.k\.1", 4', text)  # the step advances by the copies
     assert len(re.findall(r"llvm.fma", text)) == 4 * 4 + 1  # 4 copies of the 4 rows' FMAs
+    single = str(lower(prog, "", "", most_copies=1)[0])  # CompileOptions(body_copies=1)
+    assert len(re.findall(r"llvm.fma", single)) == 4 + 1
+    kernel = compile_program(prog, CompileOptions(body_copies=1, threads=1))
+    assert kernel is not compile_program(prog, CompileOptions(threads=1))  # a key of the cache
+    assert kernel.info["body_copies"] == 1
 
 
 @pytest.mark.parametrize("k", [100, 7, 11, 2])
@@ -656,6 +661,8 @@ def test_options_are_checked():
         CompileOptions(opt_level=4)
     with pytest.raises(BackendError, match="threads"):
         CompileOptions(threads=0)
+    with pytest.raises(BackendError, match="body_copies"):
+        CompileOptions(body_copies=0)
 
 
 def test_run_takes_named_inputs_and_starts_outputs_as_nan():

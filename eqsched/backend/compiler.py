@@ -39,7 +39,7 @@ def _compile(prog: Program, options: CompileOptions) -> Kernel:
     start = time.perf_counter()
     tm = target_machine(options.opt_level, options.target)
     module, segments = lower(prog, host()["triple"], str(tm.target_data),
-                             options.target.vector_lanes)
+                             options.target.vector_lanes, options.body_copies)
     try:
         llvm_module = llvm.parse_assembly(str(module))
         llvm_module.verify()
@@ -80,5 +80,6 @@ def describe(options: CompileOptions) -> dict[str, object]:
         "loop_vectorize": options.loop_vectorize,
         "slp_vectorize": options.slp_vectorize,
         "loop_unroll": options.loop_unroll,
+        "body_copies": options.body_copies,
         "threads": options.thread_count,
     }

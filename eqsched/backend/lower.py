@@ -55,9 +55,10 @@ class Segment:
         return f"{self.function}.packed"
 
 
-def lower(prog: Program, triple: str, data_layout: str,
-          register_lanes: int = 16) -> tuple[ir.Module, list[Segment]]:
-    """`register_lanes`: float lanes of the target's vector register (see _vectorized)."""
+def lower(prog: Program, triple: str, data_layout: str, register_lanes: int = 16,
+          most_copies: int | None = None) -> tuple[ir.Module, list[Segment]]:
+    """`register_lanes`: float lanes of the target's vector register (see _vectorized);
+    `most_copies`: of a small loop body per step (`body_copies`; default MAX_COPIES)."""
     module = ir.Module(name=prog.name)
     module.triple = triple
     module.data_layout = data_layout
@@ -67,7 +68,8 @@ def lower(prog: Program, triple: str, data_layout: str,
     def flush() -> None:
         if run:
             name = f"seg{len(segments)}"
-            _FunctionEmitter(module, prog, name, False, register_lanes).emit_serial(tuple(run))
+            _FunctionEmitter(module, prog, name, False, register_lanes,
+                             most_copies).emit_serial(tuple(run))
             segments.append(Segment(name))
             run.clear()
 
@@ -75,7 +77,7 @@ def lower(prog: Program, triple: str, data_layout: str,
         if isinstance(node, Loop) and node.kind == LoopKind.PARALLEL:
             flush()
             name = f"seg{len(segments)}"
-            emitter = _FunctionEmitter(module, prog, name, True, register_lanes)
+            emitter = _FunctionEmitter(module, prog, name, True, register_lanes, most_copies)
             emitter.emit_chunk(node)
             segments.append(Segment(name, node.extent))
             _packed_entry(module, emitter.fn, segments[-1].packed)
@@ -87,9 +89,10 @@ def lower(prog: Program, triple: str, data_layout: str,
 
 class _FunctionEmitter:
     def __init__(self, module: ir.Module, prog: Program, name: str, chunked: bool,
-                 register_lanes: int):
+                 register_lanes: int, most_copies: int | None):
         self.prog = prog
         self.register_lanes = register_lanes
+        self.most_copies = most_copies
         params = prog.params
         args = [PTR] * len(params) + ([I64, I64] if chunked else [])
         self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
@@ -170,7 +173,8 @@ class _FunctionEmitter:
             for value in range(0 if full == 1 else full, reach):
                 self._peeled(loop, value)
         else:
-            copies = 1 if self.unpartitioned else body_copies(loop, self.register_lanes)
+            copies = 1 if self.unpartitioned else body_copies(loop, self.register_lanes,
+                                                              self.most_copies)
             whole = full - full % copies
             if whole > 0:
                 self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, whole),
@@ -686,16 +690,17 @@ def _blocks_under(loop: Loop) -> list[Block]:
     return out
 
 
-def body_copies(loop: Loop, register_lanes: int) -> int:
+def body_copies(loop: Loop, register_lanes: int, most: int | None = None) -> int:
     """Copies of its body a serial loop runs per step: more than one only for an innermost
     serial loop (everything inside it unrolled or vectorized) whose body is small. Its
     increment, compare and branch then come once per copies: on a core whose issue slots a
     register tile's FMAs, loads and broadcasts nearly fill, they can cost a tenth of the time
-    or more (docs/ARCHITECTURE.md §7 "Copies of small loop bodies")."""
+    or more (docs/ARCHITECTURE.md §7 "Copies of small loop bodies"). At most `most` copies
+    (`CompileOptions.body_copies`), by default MAX_COPIES."""
     if loop.kind != LoopKind.SERIAL:
         return 1
     work = _straight_work(loop.body, register_lanes)
-    copies = MAX_COPIES
+    copies = MAX_COPIES if most is None else most
     while copies > 1 and (work is None or work * copies > COPY_BUDGET
                           or loop.extent < 2 * copies):
         copies //= 2

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from .errors import BackendError
+from .lower import MAX_COPIES
 from .target import Target
 
 
@@ -25,12 +26,15 @@ class CompileOptions:
     loop_vectorize: bool = False
     slp_vectorize: bool = False
     loop_unroll: bool = False
+    body_copies: int = MAX_COPIES  # of a small innermost loop body per step (1: none; §7)
     threads: int | None = None  # None: os.cpu_count()
     target: Target = field(default_factory=Target.host)
 
     def __post_init__(self) -> None:
         if self.opt_level not in (0, 1, 2, 3):
             raise BackendError(f"opt_level must be 0..3, got {self.opt_level}")
+        if self.body_copies < 1:
+            raise BackendError(f"body_copies must be at least 1, got {self.body_copies}")
         if self.threads is not None and self.threads < 1:
             raise BackendError(f"threads must be a positive count, got {self.threads}")
 
