@@ -428,6 +428,9 @@ def _progress_printer(stream: Any) -> Any:
         if event == "saturating":
             print(f"eqsched: saturating the space of {data['workload']} "
                   f"{','.join(map(str, data['size']))} ...", file=stream)
+        elif event == "learning" and data["as_run"]:
+            print(f"eqsched: the learned model starts from what run {data['as_run']} of these "
+                  f"settings started from ({data['stored']} stored measurements)", file=stream)
         elif event == "learning" and data["stored"]:
             print(f"eqsched: the learned model starts from {data['stored']} stored measurements "
                   f"of this machine", file=stream)

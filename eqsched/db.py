@@ -58,7 +58,7 @@ from typing import Any
 from . import machine
 from .backend.target import HOST
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RUN_STATUSES = ("done", "interrupted", "failed")
 # What `runs` shows for a run still marked running whose process is gone (killed, crashed, its
 # machine rebooted); it is never stored, and a batch re-runs it like an interrupted one.
@@ -86,7 +86,7 @@ _SCHEMA = (
         seed INTEGER, budget TEXT NOT NULL, rules TEXT NOT NULL, cost_model TEXT NOT NULL,
         machine TEXT NOT NULL, versions TEXT NOT NULL, config TEXT NOT NULL,
         started_at REAL NOT NULL, finished_at REAL, status TEXT NOT NULL, summary TEXT NOT NULL,
-        pid INTEGER, host TEXT, process TEXT)""",
+        pid INTEGER, host TEXT, process TEXT, learned_from TEXT NOT NULL DEFAULT 'null')""",
     "CREATE INDEX runs_by_key ON runs (key)",
     """CREATE TABLE measurements (
         id INTEGER PRIMARY KEY, run_id INTEGER REFERENCES runs (id), key TEXT NOT NULL,
@@ -120,8 +120,9 @@ _MODEL_RUN_JSON = ("settings", "machine", "versions", "summary")
 
 _RUN_COLUMNS = ("workload", "size", "key", "seed", "budget", "rules", "cost_model", "machine",
                 "versions", "config", "started_at", "finished_at", "status", "summary", "pid",
-                "host", "process")
-_RUN_JSON = ("size", "budget", "rules", "machine", "versions", "config", "summary")
+                "host", "process", "learned_from")
+_RUN_JSON = ("size", "budget", "rules", "machine", "versions", "config", "summary",
+             "learned_from")
 _MEASUREMENT_COLUMNS = ("run_id", "key", "program_hash", "machine_fp", "structure", "sizes",
                         "trace", "times", "median_s", "gflops", "correct", "error", "predicted_s",
                         "round", "created_at", "target", "error_kind", "settings",
@@ -293,6 +294,14 @@ def _numpy_scalar(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} {value!r} is not JSON-able")
 
 
+def _run_settings(config: dict | None) -> dict | None:
+    """A run's measurement settings but its memory cap; runs stored before targets were compiled
+    for the host."""
+    if not isinstance(config, dict):
+        return config
+    return {"target": HOST, **{k: v for k, v in config.items() if k != "max_memory"}}
+
+
 def _optional(convert, value):
     return None if value is None else convert(value)
 
@@ -455,7 +464,8 @@ class Database:
         """Bring a database of an older schema `version` to this one. Version 2 added the target
         (version 1's measurements were compiled for the host; the target joins the record's
         identity); version 3 the error's kind, the measurement's settings (also in the
-        identity), the machine's load while it was timed, and the run's process."""
+        identity), the machine's load while it was timed, and the run's process; version 4
+        the stored measurements a run's learned model started from (not known before)."""
         added = {"measurements": [], "runs": []}  # (column, its value in an old row)
         if version < 2:
             added["measurements"].append(("target TEXT NOT NULL DEFAULT 'host'", f"'{HOST}'"))
@@ -468,6 +478,8 @@ class Database:
                 ("others_cores REAL", "NULL"), ("load REAL", "NULL")]
             added["runs"] += [("pid INTEGER", "NULL"), ("host TEXT", "NULL"),
                               ("process TEXT", "NULL")]
+        if version < 4:
+            added["runs"].append(("learned_from TEXT NOT NULL DEFAULT 'null'", "'null'"))
         if self.readonly:
             # Temporary views shadow the tables for this connection only; the file is not
             # touched.
@@ -526,15 +538,18 @@ class Database:
 
     def start_run(self, *, workload: str, size: Sequence[int], seed: int | None,
                   budget: dict, rules: list[str], cost_model: str, machine: dict,
-                  versions: dict, config: dict | None = None) -> int:
+                  versions: dict, config: dict | None = None,
+                  learned_from: dict | None = None) -> int:
         """Record the start of an exploration run by this process; returns its id for
-        `Record.run_id`."""
+        `Record.run_id`. `learned_from`: the stored measurements its learned model starts
+        from (`training_set`), None for a model that learns from none."""
         pid = os.getpid()
         run = {"workload": workload, "size": list(size), "seed": seed, "budget": budget,
                "rules": rules, "cost_model": cost_model, "machine": machine,
                "versions": versions, "config": config, "started_at": time.time(),
                "finished_at": None, "status": "running", "summary": {}, "pid": pid,
-               "host": socket.gethostname(), "process": process_identity(pid)}
+               "host": socket.gethostname(), "process": process_identity(pid),
+               "learned_from": learned_from}
         self._writable()
         with self._sql("start_run") as conn:
             return self._insert_run(conn, run)
@@ -571,9 +586,9 @@ class Database:
 
     def runs(self, workload: str | None = None, size: Sequence[int] | None = None) -> list[dict]:
         """Runs (oldest first) as dicts: id, workload, size, seed, budget, rules, cost_model,
-        machine, versions, config, started_at, finished_at, status, summary, and the pid, host
-        and process identity of the process that ran it. A `running` run whose process is gone
-        has the status ABANDONED."""
+        machine, versions, config, started_at, finished_at, status, summary, the pid, host
+        and process identity of the process that ran it, and learned_from (`start_run`). A
+        `running` run whose process is gone has the status ABANDONED."""
         where, params = self._where_workload(workload, size)
         with self._sql("reading runs") as conn:
             rows = conn.execute(f"SELECT * FROM runs {where} ORDER BY id", params).fetchall()
@@ -583,6 +598,19 @@ class Database:
                                                             run["process"]):
                 run["status"] = ABANDONED
         return runs
+
+    def runs_like(self, workload: str, size: Sequence[int], *, seed: int | None, budget: dict,
+                  rules: list[str], cost_model: str, config: dict | None) -> list[dict]:
+        """The runs (oldest first, any status) of `workload` at `size` with exactly these
+        settings, as `start_run` was given them: a batch skips a job one of them finished, and
+        a run of the same settings again takes its learned model's start from them. The memory
+        cap (`config`'s max_memory) does not tell two runs apart: it only decides whether a
+        too-large candidate fails, transiently."""
+        wanted = _run_settings(config)
+        return [run for run in self.runs(workload, size)
+                if run["seed"] == seed and run["cost_model"] == cost_model
+                and run["budget"] == budget and run["rules"] == rules
+                and _run_settings(run["config"]) == wanted]
 
     @staticmethod
     def _run_dict(row: sqlite3.Row) -> dict:
@@ -854,6 +882,7 @@ _RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "versions": (dict,), "config": (dict, type(None)), "started_at": _NUMBER,
     "finished_at": (*_NUMBER, type(None)), "status": (str,), "summary": (dict,),
     "pid": (int, type(None)), "host": (str, type(None)), "process": (str, type(None)),
+    "learned_from": (dict, type(None)),
 }
 _RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "workload": (str,), "size": (list,), "program_hash": (str,), "structure": (str,),
@@ -883,7 +912,8 @@ def _read_jsonl(path: Path) -> tuple[dict[int, dict], list[Record]]:
             raise DatabaseError(f"{path} line {number}: not JSON ({e.msg})") from None
         kind = obj.pop("type", None) if isinstance(obj, dict) else None
         if kind == "run":
-            for name in ("pid", "host", "process"):  # exported before runs recorded them
+            # exported before runs recorded their process and their model's training set
+            for name in ("pid", "host", "process", "learned_from"):
                 obj.setdefault(name, None)
             _check_fields(obj, _RUN_FIELDS, path, number)
             if obj["id"] in runs:
@@ -952,16 +982,19 @@ class TrainingRow:
 
 
 def training_rows(db: Database, machine_key: str | None = None, *, threads: int | None = None,
-                  workloads: Sequence[str] | None = None, target: str = HOST
-                  ) -> list[TrainingRow]:
+                  workloads: Sequence[str] | None = None, target: str = HOST,
+                  until: int | None = None) -> list[TrainingRow]:
     """Every correct timed measurement of one machine and target, of every run and workload,
     oldest first. `machine_key`: a `machine_fingerprint` (CPU model, LLVM's CPU name and
     features, cores; default: the database's machine) and `target` (a `Target.spec`), so timings
     of two machines or two targets never mix. `threads`: leave out parallel programs timed with
     another thread count (a program without parallel loops runs the same on any). `workloads`:
-    only these."""
+    only these. `until`: only measurements with this row id or a lower one (stored earlier)."""
     clauses = ["machine_fp = ?", "target = ?", "correct = 1", "error IS NULL", "median_s > 0"]
     params: list[Any] = [machine_key or db.machine_fp, target]
+    if until is not None:
+        clauses.append("id <= ?")
+        params.append(until)
     with db._sql("reading training rows") as conn:
         found = conn.execute(f"SELECT id, key, program_hash, trace, median_s FROM measurements "
                              f"WHERE {' AND '.join(clauses)} ORDER BY id", params).fetchall()
@@ -980,6 +1013,17 @@ def training_rows(db: Database, machine_key: str | None = None, *, threads: int 
     return rows
 
 
+def training_set(rows: Sequence[TrainingRow], machine_key: str) -> dict:
+    """What `rows` (of `training_rows`) are, to find them again: the machine, the highest row id
+    (`training_rows`' `until`), how many, and a digest of which. Row ids are those of the
+    database read; in a copy of it (a batch task's) they are the same, and the rows another
+    database imported are other rows: the count and digest tell."""
+    digest = hashlib.sha256("\n".join(sorted(f"{r.key} {r.program_hash}" for r in rows))
+                            .encode()).hexdigest()[:16]
+    return {"machine": machine_key, "until": max((r.id for r in rows), default=0),
+            "count": len(rows), "digest": digest}
+
+
 def _threads_of(program_hash: str) -> int | None:
     """The thread count in a stored program hash (`trials.measurement_key`), None without."""
     _, sep, count = program_hash.partition("/threads=")
@@ -988,4 +1032,5 @@ def _threads_of(program_hash: str) -> int | None:
 
 __all__ = ["ABANDONED", "Database", "DatabaseError", "ERROR_KINDS", "MEASUREMENT_SETTINGS",
            "Record", "RUN_STATUSES", "SCHEMA_VERSION", "TrainingRow", "error_kind",
-           "machine_fingerprint", "process_identity", "training_rows", "workload_key"]
+           "machine_fingerprint", "process_identity", "training_rows", "training_set",
+           "workload_key"]

@@ -11,7 +11,10 @@ against the numpy reference before it is timed, and stored at once (`eqsched.tri
 settings, the measurement key, measuring or looking up one candidate). The cost model then learns
 from the batch and the next round is ranked with it. The learned model starts from every
 measurement the database holds of this machine and target (all runs and workloads,
-`LearnedModel.add_history`), so a run ranks its first round with what earlier runs taught. The
+`LearnedModel.add_history`), so a run ranks its first round with what earlier runs taught; a run
+of settings the database has run before (same workload, size, seed, budget, rules, cost model and
+measurement settings) starts from what the first of them started from (`_learned_from`), not from
+what that one measured, so it walks the same path. The
 target (`Settings.target`, the host by default) decides what code is generated and which vector
 lanes the space offers; one this machine cannot run is refused before anything is saturated. A
 candidate looked up counts as a trial like a measured one, so re-running the same exploration
@@ -59,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .backend import Target
-from .db import Database, DatabaseError
+from .db import Database, DatabaseError, training_rows, training_set
 from .default_schedule import default_schedule
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
@@ -217,6 +220,25 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
     return result
 
 
+def _learned_from(database: Database, workload: str, size: list[int], *, threads: int,
+                  target: str, **run_settings: Any) -> tuple[dict, int | None]:
+    """The stored measurements a run's learned model starts from (`db.training_set`), and the
+    id of the earlier run it takes them from, if any. A run of settings that ran before on this
+    machine starts where the latest of those started (which took it from the first), when the
+    database still holds exactly those measurements: it ranks as they did, so it proposes what
+    they proposed and looks up what they measured (a finished run measures nothing new, an
+    interrupted one goes on where it stopped). Any other run starts from all of them."""
+    for run in reversed(database.runs_like(workload, size, **run_settings)):
+        then = run["learned_from"]
+        if then is None or then["machine"] != database.machine_fp:
+            continue
+        rows = training_rows(database, threads=threads, target=target, until=then["until"])
+        if training_set(rows, database.machine_fp) == then:
+            return then, run["id"]
+    rows = training_rows(database, threads=threads, target=target)
+    return training_set(rows, database.machine_fp), None
+
+
 def computation_key(comp: Computation) -> tuple[str, list[int]]:
     """The database key (workload, size) of a computation that is no registered workload: its
     name with the hash of its naive program (every stage's shapes, indices and body, and the
@@ -273,13 +295,22 @@ class TaskTuner:
         self.say = progress or (lambda event, data: None)
         self.own_database = not isinstance(db, Database)
         self.database = db if isinstance(db, Database) else Database(db)
+        budget = {"trials": trials, "seconds": seconds, "batch": batch, "population": population}
+        learned_from = None
         try:
             self.model = cost_model_for(cost_model, self.options.thread_count,
                                         self.options.target)
             self.rules = resolve(rules)
             if isinstance(self.model, LearnedModel):
-                self.say("learning", {"stored": self.model.add_history(
-                    self.database, threads=self.options.thread_count, target=settings.target)})
+                learned_from, again = _learned_from(
+                    self.database, workload, list(size), seed=seed, budget=budget,
+                    rules=[r.name for r in self.rules], cost_model=self.model.name,
+                    config=asdict(settings), threads=self.options.thread_count,
+                    target=settings.target)
+                stored = self.model.add_history(self.database, threads=self.options.thread_count,
+                                                target=settings.target,
+                                                until=learned_from["until"])
+                self.say("learning", {"stored": stored, "as_run": again})
         except Exception:
             self.close_database()
             raise
@@ -287,8 +318,7 @@ class TaskTuner:
         self.settings, self.seed, self.limits, self.jobs = settings, seed, limits, jobs
         self.measure_naive, self.measure_default = measure_naive, measure_default
         self.result = ExploreResult(
-            workload, list(size), seed, self.model.name, [r.name for r in self.rules],
-            {"trials": trials, "seconds": seconds, "batch": batch, "population": population},
+            workload, list(size), seed, self.model.name, [r.name for r in self.rules], budget,
             target=settings.target,
             db_path=str(getattr(self.database, "path", db)))
         self.run: _Exploration | None = None  # built on the first `tune`
@@ -298,7 +328,8 @@ class TaskTuner:
             self.result.run_id = self.database.start_run(
                 workload=workload, size=list(size), seed=seed, budget=self.result.budget,
                 rules=self.result.rules, cost_model=self.model.name, machine=self.facts,
-                versions=self.facts.get("versions", {}), config=asdict(settings))
+                versions=self.facts.get("versions", {}), config=asdict(settings),
+                learned_from=learned_from)
         except BaseException:
             self.close_database()
             raise

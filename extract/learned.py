@@ -162,7 +162,8 @@ def inputs_key(prior: CostModel | None, hardware: Hardware) -> str:
 def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
             threads: int | None = None,
             machine_key: str | None = None, workloads: Sequence[str] | None = None,
-            target: str = "host") -> tuple[list[tuple[str, Example]], int]:
+            target: str = "host", until: int | None = None
+            ) -> tuple[list[tuple[str, Example]], int]:
     """Examples of every stored measurement `training_rows` selects, each with its workload
     name, and how many could not be replayed (traces of an older schedule format, or of a
     computation that is no registered workload). Inputs are
@@ -172,7 +173,8 @@ def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
     from eqsched.te import WorkloadError
     from eqsched.workloads import get_workload
 
-    rows = training_rows(db, machine_key, threads=threads, workloads=workloads, target=target)
+    rows = training_rows(db, machine_key, threads=threads, workloads=workloads, target=target,
+                         until=until)
     key = inputs_key(prior, hardware)
     cached = db.derived(key, [r.id for r in rows])
     naive: dict[str, Program] = {}
@@ -364,11 +366,13 @@ class LearnedModel(CostModel):
                                                            float(np.log(s)))
         self._stale = True
 
-    def add_history(self, db: Database, threads: int | None = None, target: str = "host") -> int:
+    def add_history(self, db: Database, threads: int | None = None, target: str = "host",
+                    until: int | None = None) -> int:
         """Learn from this machine's stored measurements in `db` for `target` (a `Target.spec`;
-        those of parallel programs timed with `threads` threads, if given); returns how many it
-        added."""
-        found, _ = history(db, self.prior, self.hardware, threads=threads, target=target)
+        those of parallel programs timed with `threads` threads, if given; those with a row id
+        up to `until`, if given); returns how many it added."""
+        found, _ = history(db, self.prior, self.hardware, threads=threads, target=target,
+                           until=until)
         return self.add_examples([example for _, example in found])
 
     def add_examples(self, examples: Sequence[Example], *, current: bool = False) -> int:

@@ -47,6 +47,19 @@ def test_json_report_and_a_trace_that_eqsched_run_replays(tmp_path):
     assert json.loads(again.stdout)["measured"] == 0
 
 
+def test_a_learned_run_run_again_says_where_its_model_starts(tmp_path):
+    db = str(tmp_path / "x.db")
+    learned = ("matmul", "--size", "16,16,16", "--batch", "4", "--repeats", "2", "--threads",
+               "1", *SEARCH, "--trials", "4", "--db", db, "--json")
+    first = explore_cmd(*learned)
+    assert first.returncode == 0, first.stderr
+    again = explore_cmd(*learned)
+    run = json.loads(first.stdout)["run_id"]
+    assert (f"eqsched: the learned model starts from what run {run} of these settings started "
+            f"from (0 stored measurements)") in again.stderr.splitlines()
+    assert json.loads(again.stdout)["measured"] == 0
+
+
 def test_a_corrupt_database_is_one_line(tmp_path):
     bad = tmp_path / "bad.db"
     bad.write_bytes(b"not a database at all" * 100)

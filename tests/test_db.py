@@ -21,6 +21,7 @@ from eqsched.db import (
     error_kind,
     machine_fingerprint,
     training_rows,
+    training_set,
     workload_key,
 )
 
@@ -238,6 +239,62 @@ def test_a_version_2_database_gets_error_kinds_and_its_runs_settings(tmp_path, r
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
     assert version == (str(SCHEMA_VERSION),)
+
+
+# Made by eqsched at commit 8380c28 (schema version 3, before runs recorded what their learned
+# model started from), machine "here", matmul 64x32x16: run 1 (done) measured h1 (1 ms) and h2
+# (2 ms) with SETTINGS.
+SCHEMA_V3 = Path(__file__).parent / "data" / "schema_v3.sqlite"
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_a_version_3_databases_runs_started_from_no_known_training_set(tmp_path, readonly):
+    path = tmp_path / "old.db"
+    shutil.copy(SCHEMA_V3, path)
+    with Database(path, readonly=readonly, machine_fp="here") as db:
+        (run,) = db.runs()
+        assert run["status"] == "done" and run["learned_from"] is None
+        assert [r.program_hash for r in training_rows(db)] == ["h1", "h2"]
+        if not readonly:
+            later = db.start_run(workload="matmul", size=SIZE, seed=0, budget={}, rules=[],
+                                 cost_model="learned", machine={}, versions={},
+                                 learned_from=training_set(training_rows(db), "here"))
+            assert db.runs()[-1]["learned_from"]["count"] == 2 and later == 2
+    if readonly:
+        assert SCHEMA_V3.read_bytes() == path.read_bytes()  # reading changed nothing
+        return
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    assert version == (str(SCHEMA_VERSION),)
+
+
+def test_a_training_set_names_the_measurements_stored_until_a_row(db):
+    for name in ("h1", "h2", "h3"):
+        db.add(record(name))
+    first_two = training_rows(db, until=2)
+    assert [r.program_hash for r in first_two] == ["h1", "h2"]
+    mark = training_set(first_two, "here")
+    assert mark["until"] == 2 and mark["count"] == 2 and mark["machine"] == "here"
+    assert training_set(training_rows(db, until=mark["until"]), "here") == mark
+    assert training_set(training_rows(db), "here") != mark
+    assert training_set([], "here")["until"] == 0
+
+
+def test_runs_like_are_the_runs_of_exactly_these_settings(db):
+    def begin(seed=0, budget=None, config=None):
+        return db.start_run(workload="matmul", size=SIZE, seed=seed,
+                            budget=budget or {"trials": 8}, rules=["tile"],
+                            cost_model="learned", machine={}, versions={},
+                            config=config or {"target": "host", "repeats": 10})
+
+    same = [begin(), begin(config={"target": "host", "repeats": 10, "max_memory": 2 << 30})]
+    begin(seed=1), begin(budget={"trials": 16}), begin(config={"target": "host", "repeats": 5})
+    like = db.runs_like("matmul", SIZE, seed=0, budget={"trials": 8}, rules=["tile"],
+                        cost_model="learned", config={"target": "host", "repeats": 10})
+    assert [run["id"] for run in like] == same  # the memory cap does not tell runs apart
+    assert db.runs_like("matmul", SIZE, seed=0, budget={"trials": 8}, rules=["tile"],
+                        cost_model="random", config={"target": "host", "repeats": 10}) == []
 
 
 def test_runs_are_started_and_finished(db):

@@ -22,6 +22,7 @@ from eqsched.explore import (
     explore,
     search_beside_measuring,
 )
+from eqsched.extract.learned import LearnedModel
 from eqsched.ir import naive_program
 from eqsched.machine_model import machine_model
 from eqsched.schedule import Schedule
@@ -415,7 +416,34 @@ def test_the_learned_model_starts_from_the_databases_measurements(tmp_path):
     explore("matmul", SIZE, db=db, seed=0, cost_model="learned", settings=FAST, trials=4,
             batch=4, measure_naive=False, progress=lambda event, data: events.append(
                 (event, data)))
-    assert stored > 0 and ("learning", {"stored": stored}) in events
+    assert stored > 0 and ("learning", {"stored": stored, "as_run": None}) in events
+
+
+def test_a_learned_run_run_again_starts_from_what_the_first_started_from_and_measures_nothing(
+        tmp_path):
+    # Trees from 8 measurements on: the second attempt would rank its first round with trees
+    # trained on the first attempt's 16, and propose other programs, if it learned from them.
+    db = tmp_path / "x.db"
+
+    def attempt(trials=16, seed=0):
+        events = []
+        result = explore("matmul", SIZE, db=db, seed=seed, trials=trials, batch=4,
+                         cost_model=LearnedModel(min_samples=10), settings=FAST,
+                         measure_naive=False, progress=lambda event, data: events.append(
+                             (event, data)))
+        return result, dict(events)["learning"]
+
+    first, learning = attempt()
+    assert learning == {"stored": 0, "as_run": None}
+    again, learning = attempt()
+    assert learning == {"stored": 0, "as_run": first.run_id}
+    assert again.measured == 0
+    assert [t.program_hash for t in again.trials] == [t.program_hash for t in first.trials]
+    with Database(db) as d:
+        runs = {run["id"]: run for run in d.runs()}
+    assert runs[again.run_id]["learned_from"] == runs[first.run_id]["learned_from"]
+    other, learning = attempt(seed=1)  # other settings: it learns from every measurement
+    assert learning == {"stored": first.measured, "as_run": None}
 
 
 def test_a_run_that_timed_out_everything_is_measured_again_and_finds_the_best(tmp_path):

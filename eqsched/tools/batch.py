@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import Any
 
 from ..args import MEMORY_HELP, TARGET_HELP, CliError, max_memory_arg, max_memory_bytes
-from ..backend.target import HOST
 
 CONFIG_KEYS = {"trials": int, "seconds": (int, float), "seed": int, "batch": int,
                "population": int, "threads": int, "repeats": int, "rules": str,
@@ -261,29 +260,16 @@ def finished_row(job: Job, db_path: str) -> dict[str, Any] | None:
     c = job.settings()
     if not Path(db_path).exists():
         return None
-    # The memory cap only decides whether a too-large candidate fails (transiently): a run
-    # finished under another cap is this job's.
     settings = asdict(Settings(repeats=c["repeats"], threads=c["threads"], target=c["target"]))
-    settings.pop("max_memory")
     budget = {"trials": c["trials"], "seconds": c["seconds"], "batch": c["batch"],
               "population": c["population"] or POPULATION}
     rules = [r.name for r in resolve(c["rules"])]
     with Database(db_path, readonly=True) as db:
-        for run in db.runs(job.workload, list(job.size)):
-            if (run["status"] == "done" and run["seed"] == c["seed"]
-                    and run["cost_model"] == c["cost_model"] and run["budget"] == budget
-                    and run["rules"] == rules and _config_of(run) == settings):
+        for run in db.runs_like(job.workload, list(job.size), seed=c["seed"], budget=budget,
+                                rules=rules, cost_model=c["cost_model"], config=settings):
+            if run["status"] == "done":
                 return _row(job, "done", run["summary"], measured=0, note="from db")
     return None
-
-
-def _config_of(run: dict) -> Any:
-    """A run's measurement settings but its memory cap; runs stored before targets were compiled
-    for the host."""
-    config = run["config"]
-    if not isinstance(config, dict):
-        return config
-    return {"target": HOST, **{k: v for k, v in config.items() if k != "max_memory"}}
 
 
 def explore_job(job: Job, db_path: str) -> dict[str, Any]:
