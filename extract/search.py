@@ -68,6 +68,7 @@ PROGRAMS_KEPT = 4096
 PREDICTION_BATCH = 32  # programs predicted between two calls of wait_turn
 # Beyond `generations`, evolution goes on while the predicted top of the round still improves.
 STALE_GENERATIONS, MIN_GAIN = 2, 0.01
+TILE_CUTS = (1, 2, 4)  # a register-tiled twin's longest unrolled piece: kept, halved, quartered
 CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # Of fresh draws, the share whose groups all take exact factorizations (MetaSchedule's perfect
 # tiles), and of re-sized groups, the share drawn among those: remainder tiles outnumber them
@@ -173,6 +174,7 @@ class EvolutionarySearch:
         self._perfect_options: dict[int, tuple[list, list]] = {}  # id(options) -> it, perfect
         self._parallel_twins: dict[str, Candidate | None] = {}  # this round's, by hash
         self._vector_twins: dict[str, Candidate | None] = {}  # likewise
+        self._tile_twins: dict[str, list[Candidate]] = {}  # likewise
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -441,6 +443,63 @@ class EvolutionarySearch:
             return None
         return self._grow(self.space.picks_for(term), _assignment(sizes))
 
+    def _tile_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
+        """Each parent's `register_tiled` twins (made once a round, as the vector twins)."""
+        for parent in parents:
+            if parent.hash not in self._tile_twins:
+                self._tile_twins[parent.hash] = self.register_tiled(parent)
+        return [twin for parent in parents for twin in self._tile_twins[parent.hash]]
+
+    def register_tiled(self, cand: Candidate) -> list[Candidate]:
+        """The candidate with each root nest's innermost reduction loop moved out of the
+        unrolled loops that hold it alone (so the unrolled and vector loops under it form a
+        register tile whose accumulators live across the reduction), as the space has it; one
+        twin with the sizes kept, and one each with the longest of those unrolled pieces cut
+        to a half and a quarter (the tile then holds fewer accumulators; the group's other
+        pieces take up the factor, as far as the extent allows). MetaSchedule's multi-level
+        tiling builds every sketch with its innermost reduction tile outside the innermost
+        spatial tile; here that is one reorder, and in a chain's space of 1e38 programs the
+        search seldom made it together with the sizes it needs (its lone first step holds more
+        accumulators than registers and is predicted slower). Empty when no nest changes."""
+        raised = []  # (index, new root statement, the longest unrolled loop moved under it)
+        for index, stmt in enumerate(cand.term.body):
+            loop = _innermost_reduce_loop(stmt, self.space.facts)
+            moved = (_raised_out_of_unrolled(stmt, loop, cand.sizes) if loop is not None
+                     else None)
+            if moved is not None:
+                raised.append((index, *moved))
+        if not raised:
+            return []
+        body = list(cand.term.body)
+        for index, stmt, _ in raised:
+            body[index] = stmt
+        term = dataclasses.replace(cand.term, body=tuple(body))
+        options = dict(self.space.size_options(term))
+        # The factor cut from the tile goes to a piece no loop unrolls (groups are shared by
+        # the stages of a chain): growing an unrolled piece would take the program over the
+        # unrolling limit, and `_grow` would re-size it at random.
+        unrolled = {(g, p) for chain in _unrolled_chains(term) for g, p in chain}
+        twins = []
+        for cut in TILE_CUTS:
+            sizes = dict(cand.sizes)
+            for _, _, longest in raised:
+                group, path = longest.group, longest.path
+                mine = {p: e for (g, p), e in sizes.items() if g == group}
+                wanted = [o for o in options.get(group, [])
+                          if o.get(path) == mine.get(path, 0) // cut
+                          and all(o[p] == mine[p] for p in o if (group, p) in unrolled
+                                  and p != path)]
+                if cut > 1 and wanted:
+                    nearest = min(wanted, key=lambda o: (_log_distance(o, mine),
+                                                         sorted(o.items())))
+                    sizes = {**{k: v for k, v in sizes.items() if k[0] != group},
+                             **{(group, p): e for p, e in nearest.items()}}
+            if (cut == 1 or sizes != cand.sizes) and self.space.contains(term, sizes):
+                twin = self._grow(self.space.picks_for(term), _assignment(sizes))
+                if twin is not None and twin.sizes == dict(sorted(sizes.items())):
+                    twins.append(twin)
+        return twins
+
     def mutate(self, cand: Candidate) -> Candidate | None:
         """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
         move = self.rng.random()
@@ -485,14 +544,11 @@ class EvolutionarySearch:
                ) -> dict[str, int] | None:
         """A nearest other assignment (log2 distance): a factor moved between two pieces."""
 
-        def distance(option: dict[str, int]) -> float:
-            return sum(abs(math.log2(option[p]) - math.log2(current[p])) for p in current)
-
         others = [o for o in options if o != current]
         if not others:
             return None
-        nearest = min(distance(o) for o in others)
-        return self.rng.choice([o for o in others if distance(o) == nearest])
+        nearest = min(_log_distance(o, current) for o in others)
+        return self.rng.choice([o for o in others if _log_distance(o, current) == nearest])
 
     # ---- rounds -----------------------------------------------------------------------------
 
@@ -535,6 +591,7 @@ class EvolutionarySearch:
         merged: dict[str, Candidate] = {}
         self._parallel_twins.clear()
         self._vector_twins.clear()
+        self._tile_twins.clear()
         # With nothing measured or kept yet, one population often settles on a poor sketch of
         # a fused chain (docs/ARCHITECTURE.md §17.3): evolve more while the best is predicted
         # slower than `settled_s`.
@@ -591,6 +648,7 @@ class EvolutionarySearch:
             # would never become a parent to be parallelized.
             add(self._parallel_twins_of(list(pool.values())))
             add(self._vector_twins_of(parents))
+            add(self._tile_twins_of(parents))
             ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in _with_every_sketch(ranked, size)}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0
@@ -660,6 +718,68 @@ def _innermost_reduction_loop(stmt: Stmt, facts: Facts) -> PieceLoop | None:
 
     visit(stmt, None)
     return found
+
+
+def _innermost_reduce_loop(stmt: Stmt, facts: Facts) -> PieceLoop | None:
+    """The innermost loop over a piece of a reduce group around a reducing block (the first
+    such block in walk order) in a root statement, if any."""
+    found: PieceLoop | None = None
+
+    def visit(node: Stmt, around: tuple[PieceLoop, ...]) -> None:
+        nonlocal found
+        if found is not None:
+            return
+        if isinstance(node, BlockRef):
+            reduce = facts.reduce_groups.get(node.name, set())
+            found = next((loop for loop in reversed(around) if loop.group in reduce
+                          and not isinstance(loop, RfactorLoop)), None)
+            return
+        inner = (*around, node) if isinstance(node, PieceLoop) else around
+        for child in getattr(node, "body", ()):
+            visit(child, inner)
+
+    visit(stmt, ())
+    return found
+
+
+def _raised_out_of_unrolled(stmt: Stmt, loop: PieceLoop, sizes: Sizes
+                            ) -> tuple[Stmt, PieceLoop] | None:
+    """`stmt` with `loop` (a serial loop over a reduce piece) moved out of the unrolled loops
+    of other groups around it that hold nothing else (a perfect nest: only the order of its
+    loops changes), and the longest of those at `sizes`; None when `loop` is not directly
+    inside such a loop."""
+    path = _path_to(stmt, loop)
+    if path is None or loop.kind != LoopKind.SERIAL.value:
+        return None
+    unrolled: list[PieceLoop] = []
+    for outer in reversed(path[:-1]):
+        if not (isinstance(outer, PieceLoop) and not isinstance(outer, RfactorLoop)
+                and outer.kind == LoopKind.UNROLL.value and len(outer.body) == 1
+                and outer.group != loop.group):
+            break
+        unrolled.append(outer)
+    if not unrolled:
+        return None
+    inner: Stmt = dataclasses.replace(unrolled[0], body=loop.body)
+    for outer in unrolled[1:]:
+        inner = dataclasses.replace(outer, body=(inner,))
+    longest = max(unrolled, key=lambda u: sizes[u.group, u.path])
+    return _replaced(stmt, unrolled[-1], dataclasses.replace(loop, body=(inner,))), longest
+
+
+def _path_to(stmt: Stmt, target: Stmt) -> list[Stmt] | None:
+    """The nodes from `stmt` down to `target` (by identity), both included."""
+    if stmt is target:
+        return [stmt]
+    for child in getattr(stmt, "body", ()):
+        found = _path_to(child, target)
+        if found is not None:
+            return [stmt, *found]
+    return None
+
+
+def _log_distance(option: dict[str, int], current: dict[str, int]) -> float:
+    return sum(abs(math.log2(option[p]) - math.log2(current[p])) for p in current)
 
 
 def _replaced(stmt: Stmt, old: Stmt, new: Stmt) -> Stmt:

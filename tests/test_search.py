@@ -604,6 +604,47 @@ def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space)
     assert made >= 3
 
 
+def _around_the_reduction(prog):
+    """The loops around C.update: those outside its innermost serial loop over k, that loop,
+    and those inside it."""
+    loops = prog.enclosing("C.update")
+    at = max(i for i, lp in enumerate(loops)
+             if lp.name.startswith("C.k") and lp.kind == LoopKind.SERIAL)
+    return loops[:at], loops[at], loops[at + 1:]
+
+
+def test_a_register_tiled_twin_holds_the_unrolled_loops_inside_the_reduction_loop(space):
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=5)
+    made = cut = 0
+    for _ in range(300):
+        cand = search.random_candidate()
+        twins = search.register_tiled(cand)
+        if not twins:
+            continue
+        outside, reduction, _ = _around_the_reduction(cand.program)
+        assert outside[-1].kind == LoopKind.UNROLL and reduction.kind == LoopKind.SERIAL
+        for twin in twins:
+            assert space.contains(twin.term, twin.sizes)
+            _, raised, inside = _around_the_reduction(twin.program)
+            assert raised.kind == LoopKind.SERIAL
+            assert outside[-1].name in {lp.name for lp in inside}
+            if made < 3:
+                _runs_right_on_two_threads(twin, space)
+        assert twins[0].sizes == cand.sizes  # the first keeps the sizes, the others cut the tile
+        moved = []
+        for lp in reversed(outside):
+            if lp.kind != LoopKind.UNROLL:
+                break
+            moved.append(lp)
+        longest = max(moved, key=lambda lp: lp.extent)
+        for twin in twins[1:]:
+            cut += 1
+            extents = {lp.name: lp.extent for lp in _around_the_reduction(twin.program)[2]}
+            assert extents[longest.name] < longest.extent
+        made += 1
+    assert made >= 3 and cut >= 1
+
+
 class _Drawn:
     def __init__(self, sketch):
         self.sketch = sketch
