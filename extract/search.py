@@ -443,7 +443,7 @@ class EvolutionarySearch:
             return None
         return self._grow(self.space.picks_for(term), _assignment(sizes))
 
-    def _tile_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
+    def _tile_twins_of(self, parents: list[Candidate]) -> list[Candidate]:
         """Each parent's `register_tiled` twins (made once a round, as the vector twins)."""
         for parent in parents:
             if parent.hash not in self._tile_twins:
@@ -455,8 +455,8 @@ class EvolutionarySearch:
         unrolled loops that hold it alone (so the unrolled and vector loops under it form a
         register tile whose accumulators live across the reduction), as the space has it; one
         twin with the sizes kept, and one each with the longest of those unrolled pieces cut
-        to a half and a quarter (the tile then holds fewer accumulators; the group's other
-        pieces take up the factor, as far as the extent allows). MetaSchedule's multi-level
+        to a half and a quarter (the tile then holds fewer accumulators; a piece of the same
+        group that no loop unrolls takes up the factor). MetaSchedule's multi-level
         tiling builds every sketch with its innermost reduction tile outside the innermost
         spatial tile; here that is one reorder, and in a chain's space of 1e38 programs the
         search seldom made it together with the sizes it needs (its lone first step holds more
@@ -721,8 +721,8 @@ def _innermost_reduction_loop(stmt: Stmt, facts: Facts) -> PieceLoop | None:
 
 
 def _innermost_reduce_loop(stmt: Stmt, facts: Facts) -> PieceLoop | None:
-    """The innermost loop over a piece of a reduce group around a reducing block (the first
-    such block in walk order) in a root statement, if any."""
+    """The innermost loop over a piece of a reduce group (not a factored one) around the first
+    reducing block in walk order that has one, in a root statement; None without."""
     found: PieceLoop | None = None
 
     def visit(node: Stmt, around: tuple[PieceLoop, ...]) -> None:
