@@ -51,6 +51,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from eqsched.egraph.derive import DeriveError, derive, realize, verify
 from eqsched.egraph.facts import Facts
@@ -61,6 +62,7 @@ from eqsched.schedule import ScheduleError
 
 from .cost import CostModel
 
+T = TypeVar("T")
 # Code-size limit (TVM's max_unroll_step): nested unrolled loops multiply, and LLVM takes minutes
 # on thousands of copies of a loop body (docs/ARCHITECTURE.md §17.3).
 MAX_UNROLLED = 128
@@ -365,14 +367,10 @@ class EvolutionarySearch:
         return prog
 
     def _parallel_twins_of(self, cands: list[Candidate]) -> list[Candidate | None]:
-        """On several threads, each candidate's `parallelized` twin (made once a round: most
-        of a population stays in it for several generations)."""
+        """On several threads, each candidate's `parallelized` twin (made once a round)."""
         if self.threads <= 1:
             return []
-        for cand in cands:
-            if cand.hash not in self._parallel_twins:
-                self._parallel_twins[cand.hash] = self.parallelized(cand)
-        return [self._parallel_twins[cand.hash] for cand in cands]
+        return _once_a_round(self._parallel_twins, cands, self.parallelized)
 
     def parallelized(self, cand: Candidate) -> Candidate | None:
         """The candidate with each root nest's outermost loop of at least `threads` iterations
@@ -405,10 +403,7 @@ class EvolutionarySearch:
 
     def _vector_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
         """Each parent's `vectorized` twin (made once a round, as the parallel twins)."""
-        for parent in parents:
-            if parent.hash not in self._vector_twins:
-                self._vector_twins[parent.hash] = self.vectorized(parent)
-        return [self._vector_twins[parent.hash] for parent in parents]
+        return _once_a_round(self._vector_twins, parents, self.vectorized)
 
     def vectorized(self, cand: Candidate) -> Candidate | None:
         """The candidate with the innermost loop around each root nest's reduction made a
@@ -445,10 +440,8 @@ class EvolutionarySearch:
 
     def _tile_twins_of(self, parents: list[Candidate]) -> list[Candidate]:
         """Each parent's `register_tiled` twins (made once a round, as the vector twins)."""
-        for parent in parents:
-            if parent.hash not in self._tile_twins:
-                self._tile_twins[parent.hash] = self.register_tiled(parent)
-        return [twin for parent in parents for twin in self._tile_twins[parent.hash]]
+        return [twin for twins in _once_a_round(self._tile_twins, parents, self.register_tiled)
+                for twin in twins]
 
     def register_tiled(self, cand: Candidate) -> list[Candidate]:
         """The candidate with each root nest's innermost reduction loop moved out of the
@@ -463,7 +456,7 @@ class EvolutionarySearch:
         accumulators than registers and is predicted slower). Empty when no nest changes."""
         raised = []  # (index, new root statement, the longest unrolled loop moved under it)
         for index, stmt in enumerate(cand.term.body):
-            loop = _innermost_reduce_loop(stmt, self.space.facts)
+            loop = _innermost_reduction_loop(stmt, self.space.facts, over_reduce=True)
             moved = (_raised_out_of_unrolled(stmt, loop, cand.sizes) if loop is not None
                      else None)
             if moved is not None:
@@ -699,30 +692,21 @@ class EvolutionarySearch:
         return sorted(((c, known[c.hash]) for c in cands), key=lambda cs: (cs[1], cs[0].hash))
 
 
-def _innermost_reduction_loop(stmt: Stmt, facts: Facts) -> PieceLoop | None:
-    """The innermost piece loop around a reducing block in a root statement, if any."""
-    found: PieceLoop | None = None
-
-    def visit(node: Stmt, around: PieceLoop | None) -> None:
-        nonlocal found
-        if isinstance(node, BlockRef):
-            blk = facts.blocks.get(node.name)
-            if found is None and around is not None and blk is not None \
-                    and blk.reduce is not None:
-                found = around
-            return
-        inner = node if isinstance(node, PieceLoop) and not isinstance(node, RfactorLoop) \
-            else around
-        for child in getattr(node, "body", ()):
-            visit(child, inner)
-
-    visit(stmt, None)
-    return found
+def _once_a_round(made: dict[str, T], cands: list[Candidate],
+                  make: Callable[[Candidate], T]) -> list[T]:
+    """`make` of each candidate, made once and kept in `made` (by hash; a round clears it):
+    most of a population stays in it for several generations."""
+    for cand in cands:
+        if cand.hash not in made:
+            made[cand.hash] = make(cand)
+    return [made[cand.hash] for cand in cands]
 
 
-def _innermost_reduce_loop(stmt: Stmt, facts: Facts) -> PieceLoop | None:
-    """The innermost loop over a piece of a reduce group (not a factored one) around the first
-    reducing block in walk order that has one, in a root statement; None without."""
+def _innermost_reduction_loop(stmt: Stmt, facts: Facts, over_reduce: bool = False
+                              ) -> PieceLoop | None:
+    """The innermost piece loop (not a factored one) around the first reducing block in walk
+    order that has one, in a root statement; `over_reduce`: the innermost over a piece of that
+    block's reduce groups. None without."""
     found: PieceLoop | None = None
 
     def visit(node: Stmt, around: tuple[PieceLoop, ...]) -> None:
@@ -730,11 +714,12 @@ def _innermost_reduce_loop(stmt: Stmt, facts: Facts) -> PieceLoop | None:
         if found is not None:
             return
         if isinstance(node, BlockRef):
-            reduce = facts.reduce_groups.get(node.name, set())
-            found = next((loop for loop in reversed(around) if loop.group in reduce
-                          and not isinstance(loop, RfactorLoop)), None)
+            reduce = facts.reduce_groups.get(node.name, set())  # empty: not a reduction
+            found = next((loop for loop in reversed(around) if reduce
+                          and (not over_reduce or loop.group in reduce)), None)
             return
-        inner = (*around, node) if isinstance(node, PieceLoop) else around
+        inner = (*around, node) if isinstance(node, PieceLoop) \
+            and not isinstance(node, RfactorLoop) else around
         for child in getattr(node, "body", ()):
             visit(child, inner)
 
