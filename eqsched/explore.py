@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .backend import Target
-from .db import Database, DatabaseError, training_rows, training_set
+from .db import Database, DatabaseError, TrainingRow, training_rows, training_set
 from .default_schedule import default_schedule
 from .egraph.saturate import Limits, saturate
 from .egraph.space import Space
@@ -221,22 +221,24 @@ def explore(workload: str, size: tuple[int, ...] | None = None, *, trials: int =
 
 
 def _learned_from(database: Database, workload: str, size: list[int], *, threads: int,
-                  target: str, **run_settings: Any) -> tuple[dict, int | None]:
-    """The stored measurements a run's learned model starts from (`db.training_set`), and the
-    id of the earlier run it takes them from, if any. A run of settings that ran before on this
-    machine starts where the latest of those started (which took it from the first), when the
-    database still holds exactly those measurements: it ranks as they did, so it proposes what
-    they proposed and looks up what they measured (a finished run measures nothing new, an
-    interrupted one goes on where it stopped). Any other run starts from all of them."""
+                  target: str, **run_settings: Any
+                  ) -> tuple[list[TrainingRow], dict, int | None]:
+    """The stored measurements a run's learned model starts from (`db.training_rows`, read
+    once here), what they are (`db.training_set`), and the id of the earlier run it takes them
+    from, if any. A run of settings that ran before on this machine starts where the latest of
+    those started (which took it from the first), when the database still holds exactly those
+    measurements: it ranks as they did, so it proposes what they proposed and looks up what
+    they measured (a finished run measures nothing new, an interrupted one goes on where it
+    stopped). Any other run starts from all of them."""
     for run in reversed(database.runs_like(workload, size, **run_settings)):
         then = run["learned_from"]
         if then is None or then["machine"] != database.machine_fp:
             continue
         rows = training_rows(database, threads=threads, target=target, until=then["until"])
         if training_set(rows, database.machine_fp) == then:
-            return then, run["id"]
+            return rows, then, run["id"]
     rows = training_rows(database, threads=threads, target=target)
-    return training_set(rows, database.machine_fp), None
+    return rows, training_set(rows, database.machine_fp), None
 
 
 def computation_key(comp: Computation) -> tuple[str, list[int]]:
@@ -302,14 +304,12 @@ class TaskTuner:
                                         self.options.target)
             self.rules = resolve(rules)
             if isinstance(self.model, LearnedModel):
-                learned_from, again = _learned_from(
+                rows, learned_from, again = _learned_from(
                     self.database, workload, list(size), seed=seed, budget=budget,
                     rules=[r.name for r in self.rules], cost_model=self.model.name,
                     config=asdict(settings), threads=self.options.thread_count,
                     target=settings.target)
-                stored = self.model.add_history(self.database, threads=self.options.thread_count,
-                                                target=settings.target,
-                                                until=learned_from["until"])
+                stored = self.model.add_history(self.database, rows=rows)
                 self.say("learning", {"stored": stored, "as_run": again})
         except Exception:
             self.close_database()

@@ -63,7 +63,7 @@ from .features import FEATURE_NAMES, Hardware, features
 if TYPE_CHECKING:
     import lightgbm
 
-    from eqsched.db import Database
+    from eqsched.db import Database, TrainingRow
 
 _TINY = 1e-12
 MIN_SAMPLES = 64
@@ -162,9 +162,10 @@ def inputs_key(prior: CostModel | None, hardware: Hardware) -> str:
 def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
             threads: int | None = None,
             machine_key: str | None = None, workloads: Sequence[str] | None = None,
-            target: str = "host", until: int | None = None
+            target: str = "host", rows: Sequence[TrainingRow] | None = None
             ) -> tuple[list[tuple[str, Example]], int]:
-    """Examples of every stored measurement `training_rows` selects, each with its workload
+    """Examples of every stored measurement `training_rows` selects (or of `rows`, read from
+    `db` already), each with its workload
     name, and how many could not be replayed (traces of an older schedule format, or of a
     computation that is no registered workload). Inputs are
     cached in the database (when it is writable): replaying a trace and computing features and
@@ -173,8 +174,9 @@ def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
     from eqsched.te import WorkloadError
     from eqsched.workloads import get_workload
 
-    rows = training_rows(db, machine_key, threads=threads, workloads=workloads, target=target,
-                         until=until)
+    if rows is None:
+        rows = training_rows(db, machine_key, threads=threads, workloads=workloads,
+                             target=target)
     key = inputs_key(prior, hardware)
     cached = db.derived(key, [r.id for r in rows])
     naive: dict[str, Program] = {}
@@ -367,12 +369,12 @@ class LearnedModel(CostModel):
         self._stale = True
 
     def add_history(self, db: Database, threads: int | None = None, target: str = "host",
-                    until: int | None = None) -> int:
+                    rows: Sequence[TrainingRow] | None = None) -> int:
         """Learn from this machine's stored measurements in `db` for `target` (a `Target.spec`;
-        those of parallel programs timed with `threads` threads, if given; those with a row id
-        up to `until`, if given); returns how many it added."""
+        those of parallel programs timed with `threads` threads, if given), or from `rows` of
+        them already read (`db.training_rows`); returns how many it added."""
         found, _ = history(db, self.prior, self.hardware, threads=threads, target=target,
-                           until=until)
+                           rows=rows)
         return self.add_examples([example for _, example in found])
 
     def add_examples(self, examples: Sequence[Example], *, current: bool = False) -> int:
