@@ -271,11 +271,11 @@ def _step_points(root: Loop) -> list[float]:
     of `root` covers: a step past the end of the loop's axis covers fewer (the remainder),
     or none. Equal steps when no block binds the loop to an axis."""
     blocks = [n for n, _ in walk(root.body) if isinstance(n, Block)]
-    bound = [blk for blk in blocks if loop_binding(blk, root.name) is not None]
+    bound = [(blk, binding) for blk in blocks
+             if (binding := loop_binding(blk, root.name)) is not None]
     if not bound:
         return [1.0] * root.extent
-    blk = next((b for b in bound if b.reduce is not None), bound[0])
-    axis, stride = loop_binding(blk, root.name)
+    blk, (axis, stride) = next(((b, bd) for b, bd in bound if b.reduce is not None), bound[0])
     rest = blk.axis(axis).extent - blk.binding(axis).offset
     points = [max(0, min(stride, rest - step * stride)) for step in range(root.extent)]
     return [float(p) for p in points] if sum(points) else [1.0] * root.extent

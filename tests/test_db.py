@@ -187,6 +187,16 @@ def test_training_rows_are_one_targets(db):
 SCHEMA_V1 = Path(__file__).parent / "data" / "schema_v1.sqlite"
 
 
+def stored_schema_version(path: Path) -> str:
+    """The schema version as written in the database file at `path`, read with sqlite3 alone."""
+    conn = sqlite3.connect(path)
+    try:
+        (version,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    finally:
+        conn.close()
+    return version
+
+
 def test_a_version_1_database_reads_as_the_hosts_and_is_migrated_on_writing(tmp_path):
     path = tmp_path / "old.db"
     shutil.copy(SCHEMA_V1, path)
@@ -201,10 +211,7 @@ def test_a_version_1_database_reads_as_the_hosts_and_is_migrated_on_writing(tmp_
         assert not db.add(record("h1", median_s=5e-3))  # the host's, measured before
         assert db.add(record("h1", median_s=5e-3, target=AVX2))
         assert db.runs()[0]["status"] == "done"
-    with sqlite3.connect(path) as conn:
-        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    conn.close()
-    assert version == (str(SCHEMA_VERSION),)
+    assert stored_schema_version(path) == str(SCHEMA_VERSION)
 
 
 # Made by eqsched at commit cd929e0 (schema version 2, before error kinds, settings and run
@@ -235,10 +242,7 @@ def test_a_version_2_database_gets_error_kinds_and_its_runs_settings(tmp_path, r
     if readonly:
         assert SCHEMA_V2.read_bytes() == path.read_bytes()  # reading changed nothing
         return
-    with sqlite3.connect(path) as conn:
-        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    conn.close()
-    assert version == (str(SCHEMA_VERSION),)
+    assert stored_schema_version(path) == str(SCHEMA_VERSION)
 
 
 # Made by eqsched at commit 8380c28 (schema version 3, before runs recorded what their learned
@@ -263,10 +267,7 @@ def test_a_version_3_databases_runs_started_from_no_known_training_set(tmp_path,
     if readonly:
         assert SCHEMA_V3.read_bytes() == path.read_bytes()  # reading changed nothing
         return
-    with sqlite3.connect(path) as conn:
-        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    conn.close()
-    assert version == (str(SCHEMA_VERSION),)
+    assert stored_schema_version(path) == str(SCHEMA_VERSION)
 
 
 def test_a_training_set_names_the_measurements_stored_until_a_row(db):
