@@ -70,7 +70,8 @@ PROGRAMS_KEPT = 4096
 PREDICTION_BATCH = 32  # programs predicted between two calls of wait_turn
 # Beyond `generations`, evolution goes on while the predicted top of the round still improves.
 STALE_GENERATIONS, MIN_GAIN = 2, 0.01
-TILE_CUTS = (1, 2, 4)  # a register-tiled twin's longest unrolled piece: kept, halved, quartered
+TILE_CUTS = (1, 2, 4)
+MAX_TILE_ROWS = 8  # a reshaped register tile takes in a loop of at most this many steps  # a register-tiled twin's longest unrolled piece: kept, halved, quartered
 CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # Of fresh draws, the share whose groups all take exact factorizations (MetaSchedule's perfect
 # tiles), and of re-sized groups, the share drawn among those: remainder tiles outnumber them
@@ -177,6 +178,7 @@ class EvolutionarySearch:
         self._parallel_twins: dict[str, Candidate | None] = {}  # this round's, by hash
         self._vector_twins: dict[str, Candidate | None] = {}  # likewise
         self._tile_twins: dict[str, list[Candidate]] = {}  # likewise
+        self._reshaped_twins: dict[str, list[Candidate]] = {}  # likewise
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -493,6 +495,38 @@ class EvolutionarySearch:
                     twins.append(twin)
         return twins
 
+    def _reshaped_twins_of(self, parents: list[Candidate]) -> list[Candidate]:
+        """Each parent's `reshaped` twins (made once a round, as the vector twins)."""
+        return [twin for twins in _once_a_round(self._reshaped_twins, parents, self.reshaped)
+                for twin in twins]
+
+    def reshaped(self, cand: Candidate) -> list[Candidate]:
+        """The candidate with one root nest's register tile reshaped: a short loop of the
+        perfect nest around its innermost reduction loop moved into the tile (unrolled, under
+        the reduction loop), and one unrolled loop of another group taken out of the tile to
+        where the reduction loop was, serial (or no loop taken out); one twin per such pair
+        the space has, sizes kept. A tile of one row by sixteen vectors loads sixteen vectors
+        per sixteen FMAs, one of four rows by four vectors four; the register-tiled twins
+        only reorder loops that are unrolled already, and a mutation changes one loop's kind
+        or place at a time, each step predicted slower than both ends."""
+        twins = []
+        for index, stmt in enumerate(cand.term.body):
+            loop = _innermost_reduction_loop(stmt, self.space.facts, over_reduce=True)
+            if loop is None or loop.kind != LoopKind.SERIAL.value:
+                continue
+            for variants in _reshaped_nests(stmt, loop, cand.sizes):
+                for variant in variants:  # the loop taken out serial, else unrolled
+                    body = cand.term.body[:index] + (variant,) + cand.term.body[index + 1:]
+                    term = dataclasses.replace(cand.term, body=body)
+                    if self.space.contains(term, cand.sizes):
+                        twin = self._grow(self.space.picks_for(term), cand.assignment)
+                        # Re-sized (over the unrolling limit): not the tile it was meant to be.
+                        if twin is not None and twin.sizes == cand.sizes \
+                                and twin.hash != cand.hash:
+                            twins.append(twin)
+                        break
+        return twins
+
     def mutate(self, cand: Candidate) -> Candidate | None:
         """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
         move = self.rng.random()
@@ -585,6 +619,7 @@ class EvolutionarySearch:
         self._parallel_twins.clear()
         self._vector_twins.clear()
         self._tile_twins.clear()
+        self._reshaped_twins.clear()
         # With nothing measured or kept yet, one population often settles on a poor sketch of
         # a fused chain (docs/ARCHITECTURE.md §17.3): evolve more while the best is predicted
         # slower than `settled_s`.
@@ -642,6 +677,7 @@ class EvolutionarySearch:
             add(self._parallel_twins_of(list(pool.values())))
             add(self._vector_twins_of(parents))
             add(self._tile_twins_of(parents))
+            add(self._reshaped_twins_of(parents))
             ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in _with_every_sketch(ranked, size)}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0
@@ -750,6 +786,55 @@ def _raised_out_of_unrolled(stmt: Stmt, loop: PieceLoop, sizes: Sizes
         inner = dataclasses.replace(outer, body=(inner,))
     longest = max(unrolled, key=lambda u: sizes[u.group, u.path])
     return _replaced(stmt, unrolled[-1], dataclasses.replace(loop, body=(inner,))), longest
+
+
+def _reshaped_nests(stmt: Stmt, loop: PieceLoop, sizes: Sizes) -> Iterator[list[Stmt]]:
+    """Per reshaping of the register tile under `loop` (a serial loop over a reduce piece; see
+    `EvolutionarySearch.reshaped`): `stmt` with the reshaped nest, the loop taken out of the
+    tile serial and then unrolled (the space may have only one of them)."""
+    path = _path_to(stmt, loop)
+    if path is None:
+        return
+    above: list[PieceLoop] = []  # the perfect nest around `loop`, innermost first
+    for outer in reversed(path[:-1]):
+        if not (_plain(outer) and len(outer.body) == 1):
+            break
+        above.append(outer)
+    tile: list[PieceLoop] = []  # the perfect nest under `loop`, outermost first
+    node = loop
+    while len(node.body) == 1 and _plain(node.body[0]):
+        node = node.body[0]
+        tile.append(node)
+    vector_groups = {t.group for t in tile if t.kind == LoopKind.VECTOR.value}
+    head = above[-1] if above else loop
+    outer_order = above[::-1]
+    for into in outer_order:
+        if into.group == loop.group or into.group in vector_groups \
+                or not 2 <= sizes[into.group, into.path] <= MAX_TILE_ROWS:
+            continue
+        row = dataclasses.replace(into, kind=LoopKind.UNROLL.value)
+        outs = [t for t in tile if t.kind == LoopKind.UNROLL.value and t.group != into.group
+                and sizes[t.group, t.path] > 1]
+        for out in [None, *outs]:
+            kinds = (LoopKind.SERIAL.value, LoopKind.UNROLL.value) if out is not None else ("",)
+            variants = []
+            for kind in kinds:
+                taken = [dataclasses.replace(out, kind=kind)] if out is not None else []
+                order = [o for o in outer_order if o is not into] + taken + [loop, row] \
+                    + [t for t in tile if t is not out]
+                variants.append(_replaced(stmt, head, _nest(order, node.body)))
+            yield variants
+
+
+def _plain(node: Stmt) -> bool:
+    return isinstance(node, PieceLoop) and not isinstance(node, RfactorLoop)
+
+
+def _nest(loops: list[PieceLoop], body: tuple[Stmt, ...]) -> Stmt:
+    """The loops nested in order (outermost first) around `body`."""
+    for lp in reversed(loops):
+        body = (dataclasses.replace(lp, body=body),)
+    return body[0]
 
 
 def _path_to(stmt: Stmt, target: Stmt) -> list[Stmt] | None:

@@ -645,6 +645,36 @@ def test_a_register_tiled_twin_holds_the_unrolled_loops_inside_the_reduction_loo
     assert made >= 3 and cut >= 1
 
 
+def test_a_reshaped_twin_trades_a_loop_of_the_tile_for_one_around_the_reduction(space):
+    # A tile of one row by many vectors loads a vector per FMA: the twin takes a short loop
+    # from around the reduction loop into the tile, unrolled, and may give one unrolled loop
+    # of another group back, serial or unrolled, where the reduction loop was.
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=6)
+    made = traded = 0
+    for _ in range(300):
+        cand = search.random_candidate()
+        twins = search.reshaped(cand)
+        if not twins:
+            continue
+        outside, reduction, inside = _around_the_reduction(cand.program)
+        before = {lp.name for lp in inside}
+        for twin in twins:
+            assert space.contains(twin.term, twin.sizes) and twin.sizes == cand.sizes
+            _, _, tile = _around_the_reduction(twin.program)
+            taken_in = [lp for lp in tile if lp.name not in before]
+            given_back = before - {lp.name for lp in tile}
+            assert len(taken_in) == 1 and taken_in[0].kind == LoopKind.UNROLL
+            assert taken_in[0].name in {lp.name for lp in outside}
+            vector_axes = {lp.name.rsplit(".", 1)[0] for lp in tile if lp.kind == LoopKind.VECTOR}
+            assert taken_in[0].name.rsplit(".", 1)[0] not in vector_axes
+            assert len(given_back) <= 1
+            traded += len(given_back)
+            if made < 3:
+                _runs_right_on_two_threads(twin, space)
+            made += 1
+    assert made >= 3 and traded >= 1
+
+
 class _Drawn:
     def __init__(self, sketch):
         self.sketch = sketch
