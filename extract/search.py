@@ -70,8 +70,8 @@ PROGRAMS_KEPT = 4096
 PREDICTION_BATCH = 32  # programs predicted between two calls of wait_turn
 # Beyond `generations`, evolution goes on while the predicted top of the round still improves.
 STALE_GENERATIONS, MIN_GAIN = 2, 0.01
-TILE_CUTS = (1, 2, 4)
-MAX_TILE_ROWS = 8  # a reshaped register tile takes in a loop of at most this many steps  # a register-tiled twin's longest unrolled piece: kept, halved, quartered
+TILE_CUTS = (1, 2, 4)  # a register-tiled twin's longest unrolled piece: kept, halved, quartered
+MAX_TILE_ROWS = 8  # a reshaped register tile takes in a loop of at most this many steps
 CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # Of fresh draws, the share whose groups all take exact factorizations (MetaSchedule's perfect
 # tiles), and of re-sized groups, the share drawn among those: remainder tiles outnumber them
