@@ -341,6 +341,14 @@ class CountingRanks(CostModel):
         return np.array([self.score(p) for p in programs], dtype=float)
 
 
+@pytest.fixture
+def one_call_per_ranking(monkeypatch):
+    """A ranking predicts its new programs in one call (not in batches), so that counting
+    calls counts the rankings: one per population drawn and one per generation."""
+    monkeypatch.setattr("eqsched.extract.search.PREDICTION_BATCH", 1_000_000)
+
+
+@pytest.mark.usefixtures("one_call_per_ranking")
 def test_a_round_stops_evolving_when_the_predicted_top_stops_gaining(space):
     flat = CountingRanks(lambda prog: 1.0)  # nothing ever gains
     EvolutionarySearch(space, flat, seed=0, population=12, generations=3,
@@ -348,6 +356,7 @@ def test_a_round_stops_evolving_when_the_predicted_top_stops_gaining(space):
     assert flat.calls == 1 + 3  # the first pool, then `generations` generations only
 
 
+@pytest.mark.usefixtures("one_call_per_ranking")
 def test_the_first_round_evolves_several_populations_and_later_rounds_one(space):
     flat = CountingRanks(lambda prog: 1.0)
     search = EvolutionarySearch(space, flat, seed=0, population=12, generations=3,
@@ -358,6 +367,7 @@ def test_the_first_round_evolves_several_populations_and_later_rounds_one(space)
     assert flat.calls == 3 * (1 + 3) + (1 + 3)
 
 
+@pytest.mark.usefixtures("one_call_per_ranking")
 def test_no_more_islands_once_the_best_is_predicted_fast_enough(space):
     flat = CountingRanks(lambda prog: 1.0)
     EvolutionarySearch(space, flat, seed=0, population=12, generations=3, max_generations=20,
@@ -365,6 +375,7 @@ def test_no_more_islands_once_the_best_is_predicted_fast_enough(space):
     assert flat.calls == 1 + 3  # the first island's best (1 s) is already settled
 
 
+@pytest.mark.usefixtures("one_call_per_ranking")
 def test_a_round_evolves_past_its_generations_while_the_top_gains(space):
     # Every program scores by its text's hash: mutants keep finding lower scores for a while.
     gaining = CountingRanks(lambda prog: int(prog.hash()[:8], 16))
