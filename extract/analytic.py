@@ -44,8 +44,9 @@ promotes none of them. A local tile whose accesses depend on unrolled and vector
 (of those inside its alloc) lives in registers, and counts whole toward them. Accumulators kept
 in registers (carried through the innermost serial loop, or through unrolled copies of a loop
 they do not depend on) spill beyond the register file less one
-broadcast and one copy of the widest loaded value the unrolled copies share (B[k, j] across
-the rows; an unshared operand needs none: FMAs read it from memory), or, when they go through
+copy of a streamed operand and every copy across the tile of the shared operand with fewer
+(the 3 vectors of B[k, j] under 10 rows; an unshared operand needs none: FMAs read it from
+memory), or, when they go through
 memory every iteration, less every loaded value CSE keeps live across unrolled copies (B[k, j]
 under rows unrolled around unrolled k: one per k copy until the last row).
 
@@ -375,13 +376,16 @@ class _BlockCoster:
         self.instructions = 0.0
         self.hoisted_registers = 0
         self.operand_registers = 0  # loaded values the unrolled copies keep live together
-        self.shared_operand_registers = 0  # the widest such value, one copy of it
+        # Per operand the copies share: the registers of all its copies across the tile
+        self.shared_operands: list[int] = []
+        self.store_deps: frozenset[int] = frozenset()  # the loops the stored value depends on
         self.diagonal_registers = 0  # values CSE merges along a diagonal of unrolled copies
 
     def profile(self) -> _Profile:
         blk = self.blk
         store = self._access(blk.buffer, blk.indices, written=True)
         deps = self._deps(store)
+        self.store_deps = deps
         everywhere = frozenset(range(len(self.loops)))
         fused = blk.reduce == "sum" and isinstance(blk.value, BinOp) and blk.value.op == "*"
         if fused:  # one FMA per point: the multiply goes with the accumulation
@@ -431,15 +435,18 @@ class _BlockCoster:
                 latency = max(latency, self._count(everywhere) / chains * self.machine.fma_latency)
             # Updated in memory each iteration, the operands CSE shares across copies stay live
             # together. Carried accumulators make the body one tree of FMAs into loop phis,
-            # which LLVM's scheduler orders copy by copy (matmul 1024's AVX-512 winner kept 32
-            # shared B vectors without a spill), but one copy's shared operand stays live
-            # across the rows that share it, beside a broadcast (3 rows of 32 lanes on 16
-            # registers: 12 accumulators, 4 of B, 1 of A; it spilled every k).
+            # which LLVM's scheduler orders copy by copy of the loops they do not depend on
+            # (k unrolled: matmul 1024's AVX-512 winner kept 32 shared B vectors without a
+            # spill), but within a step it keeps one operand's copies across the tile live,
+            # the one with fewer, and streams the other: 10 rows by 3 vectors keep 3 of B and
+            # one broadcast of A beside 30 accumulators and spilled on 32 registers, as 15 by
+            # 2 and 5 by 6 did; 5 by 5 and 8 by 3 did not.
             # A value one address reaches from several copies (Xpad[p + ry] with p and ry both
             # unrolled) is loaded once and reused along the diagonal: LLVM keeps each of them
             # live across the copies that read it (conv2d's 4 rows x 3 taps read 6 rows of X;
             # with 12 accumulators and 9 taps of W, 26 stack accesses per step on 16 registers).
-            operands = (1 + self.shared_operand_registers + self.diagonal_registers if carried
+            operands = (1 + min(self.shared_operands, default=0) + self.diagonal_registers
+                        if carried
                         else max(1, self.operand_registers))
             # A local tile in registers keeps all of it live, not only the chains of the
             # innermost loop: rows unrolled around that loop each run their own copy of it
@@ -557,8 +564,7 @@ class _BlockCoster:
             copies = self._live_copies(deps)
             self.operand_registers += copies * self._registers(deps)
             if copies:
-                self.shared_operand_registers = max(self.shared_operand_registers,
-                                                    self._registers(deps))
+                self.shared_operands.append(self._tile_copies(deps) * self._registers(deps))
             self.diagonal_registers += self._diagonal(access) * self._registers(deps)
         return deps
 
@@ -609,6 +615,13 @@ class _BlockCoster:
         if not reusing:
             return 0
         return math.prod(self.loops[d].extent for d in unrolled if d in deps and d > reusing[0])
+
+    def _tile_copies(self, deps: frozenset[int]) -> int:
+        """The copies of a loaded value across the unrolled loops (inside the innermost serial
+        one) that the stored value depends on too: B[k, j] per vector of the tile's columns."""
+        return math.prod(lp.extent for d, lp in enumerate(self.loops)
+                         if d > self.innermost and lp.kind == LoopKind.UNROLL
+                         and d in deps and d in self.store_deps)
 
     def _hoisted(self, deps: frozenset[int]) -> frozenset[int]:
         """Where a value invariant in the innermost serial loop is computed: hoisted out of it

@@ -417,6 +417,31 @@ def test_operands_shared_by_carried_rows_count_against_the_registers(avx2):
         assert model.predict([fitting])[0] < model.predict([wide])[0]
 
 
+def carried_tile(naive, n, rows, vectors, lanes=16):
+    """`rows` x `vectors` accumulators of `lanes` lanes carried through k.1 (no local tile),
+    the vectors' loop outside the rows' (the loop order LLVM sees does not matter)."""
+    s = Schedule(naive)
+    s.split("C.i", [n // rows, rows])
+    s.split("C.j", [n // (vectors * lanes), vectors, lanes])
+    s.split("C.k", [n // 96, 96])
+    s.reorder("C.j.0", "C.k.0", "C.i.0", "C.k.1", "C.j.1", "C.i.1", "C.j.2")
+    s.unroll("C.i.1")
+    s.unroll("C.j.1")
+    s.vectorize("C.j.2")
+    return s.program
+
+
+def test_a_carried_tile_spills_with_the_copies_of_its_smaller_operand(avx512):
+    # Per k step LLVM keeps the copies of one operand live across the tile (the 3 vectors of
+    # B for 10 rows, the rows' broadcasts of A for 6 columns), beside a copy of the other:
+    # 30 accumulators spilled on 32 registers (124-130 stack accesses), 24 and 25 did not.
+    naive, model = matmul(960), AnalyticModel(avx512)
+    for rows, vectors in ((10, 3), (15, 2), (5, 6)):
+        assert model.breakdown(carried_tile(naive, 960, rows, vectors))["spills"] > 0
+    for rows, vectors in ((8, 3), (5, 5), (4, 6), (12, 2)):
+        assert model.breakdown(carried_tile(naive, 960, rows, vectors))["spills"] == 0
+
+
 def test_predictions_follow_the_machine_models_clock_and_units(avx512):
     naive = matmul(256)
     programs = [tile_of_vectors(naive, 8, 2, 16, 256), row_streaming(naive, 256), naive]
