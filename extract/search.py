@@ -816,14 +816,12 @@ def _reshaped_nests(stmt: Stmt, loop: PieceLoop, sizes: Sizes) -> Iterator[list[
         outs = [t for t in tile if t.kind == LoopKind.UNROLL.value and t.group != into.group
                 and sizes[t.group, t.path] > 1]
         for out in [None, *outs]:
-            kinds = (LoopKind.SERIAL.value, LoopKind.UNROLL.value) if out is not None else ("",)
-            variants = []
-            for kind in kinds:
-                taken = [dataclasses.replace(out, kind=kind)] if out is not None else []
-                order = [o for o in outer_order if o is not into] + taken + [loop, row] \
-                    + [t for t in tile if t is not out]
-                variants.append(_replaced(stmt, head, _nest(order, node.body)))
-            yield variants
+            takes = [[]] if out is None else [[dataclasses.replace(out, kind=kind)] for kind
+                                              in (LoopKind.SERIAL.value, LoopKind.UNROLL.value)]
+            yield [_replaced(stmt, head, _nest([o for o in outer_order if o is not into]
+                                               + taken + [loop, row]
+                                               + [t for t in tile if t is not out], node.body))
+                   for taken in takes]
 
 
 def _plain(node: Stmt) -> bool:
