@@ -754,8 +754,7 @@ def _innermost_reduction_loop(stmt: Stmt, facts: Facts, over_reduce: bool = Fals
             found = next((loop for loop in reversed(around) if reduce
                           and (not over_reduce or loop.group in reduce)), None)
             return
-        inner = (*around, node) if isinstance(node, PieceLoop) \
-            and not isinstance(node, RfactorLoop) else around
+        inner = (*around, node) if _plain(node) else around
         for child in getattr(node, "body", ()):
             visit(child, inner)
 
@@ -774,8 +773,7 @@ def _raised_out_of_unrolled(stmt: Stmt, loop: PieceLoop, sizes: Sizes
         return None
     unrolled: list[PieceLoop] = []
     for outer in reversed(path[:-1]):
-        if not (isinstance(outer, PieceLoop) and not isinstance(outer, RfactorLoop)
-                and outer.kind == LoopKind.UNROLL.value and len(outer.body) == 1
+        if not (_plain(outer) and outer.kind == LoopKind.UNROLL.value and len(outer.body) == 1
                 and outer.group != loop.group):
             break
         unrolled.append(outer)
@@ -825,6 +823,7 @@ def _reshaped_nests(stmt: Stmt, loop: PieceLoop, sizes: Sizes) -> Iterator[list[
 
 
 def _plain(node: Stmt) -> bool:
+    """A piece loop that a reorder may move (not one a reduction is factored along)."""
     return isinstance(node, PieceLoop) and not isinstance(node, RfactorLoop)
 
 

@@ -624,18 +624,25 @@ def _around_the_reduction(prog):
     return loops[:at], loops[at], loops[at + 1:]
 
 
+def _drawn_with_twins(search, make, draws=300):
+    """(candidate, `make`'s twins of it) for each of `draws` random draws that has any twins;
+    every twin must be a member of the space."""
+    for _ in range(draws):
+        cand = search.random_candidate()
+        twins = make(cand)
+        if twins:
+            for twin in twins:
+                assert search.space.contains(twin.term, twin.sizes)
+            yield cand, twins
+
+
 def test_a_register_tiled_twin_holds_the_unrolled_loops_inside_the_reduction_loop(space):
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=5)
     made = cut = 0
-    for _ in range(300):
-        cand = search.random_candidate()
-        twins = search.register_tiled(cand)
-        if not twins:
-            continue
+    for cand, twins in _drawn_with_twins(search, search.register_tiled):
         outside, reduction, _ = _around_the_reduction(cand.program)
         assert outside[-1].kind == LoopKind.UNROLL and reduction.kind == LoopKind.SERIAL
         for twin in twins:
-            assert space.contains(twin.term, twin.sizes)
             _, raised, inside = _around_the_reduction(twin.program)
             assert raised.kind == LoopKind.SERIAL
             assert outside[-1].name in {lp.name for lp in inside}
@@ -662,15 +669,11 @@ def test_a_reshaped_twin_trades_a_loop_of_the_tile_for_one_around_the_reduction(
     # of another group back, serial or unrolled, where the reduction loop was.
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=6)
     made = traded = 0
-    for _ in range(300):
-        cand = search.random_candidate()
-        twins = search.reshaped(cand)
-        if not twins:
-            continue
+    for cand, twins in _drawn_with_twins(search, search.reshaped):
         outside, reduction, inside = _around_the_reduction(cand.program)
         before = {lp.name for lp in inside}
         for twin in twins:
-            assert space.contains(twin.term, twin.sizes) and twin.sizes == cand.sizes
+            assert twin.sizes == cand.sizes
             _, _, tile = _around_the_reduction(twin.program)
             taken_in = [lp for lp in tile if lp.name not in before]
             given_back = before - {lp.name for lp in tile}
