@@ -19,7 +19,8 @@ database per scheduler: a larger budget re-uses what the smaller one measured), 
 the database after each budget, and then times the model compiled from every copy alternately,
 beside onnxruntime, so all the latencies after 200, 500 and 1,000 trials share one machine's
 noise. `--keep DIR` keeps the copies; `--retime DIR` only times them again (tuning is long, and
-the timing wants a quiet machine).
+the timing wants a quiet machine). `--schedulers gradient` tunes and times one scheduler alone,
+so two processes can tune the two side by side into one `--keep DIR` for one `--retime DIR`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 MODELS = {"mlp": {}, "mlp-64": {"batch": 64}, "bert_layer": {}, "resnet_block": {}}
 BAR_MODELS, BAR = ("bert_layer", "resnet_block"), 1.0
+SCHEDULERS = ["gradient", "round-robin"]
 
 
 def _threads_for_libraries(threads: int) -> None:
@@ -97,7 +99,8 @@ def copy_database(source: Path, copy: Path) -> None:
         src.backup(dst)
 
 
-def part_schedulers(name: str, budgets: list[int], seed: int, keep: Path | None) -> None:
+def part_schedulers(name: str, schedulers: list[str], budgets: list[int], seed: int,
+                    keep: Path) -> None:
     """Tune `name` with each scheduler, budget after budget in one database per scheduler, and
     keep a copy of the database after each budget in `keep`, named
     `<model>.<scheduler>.<budget>.db`; `time_schedulers` times them side by side afterwards."""
@@ -107,20 +110,26 @@ def part_schedulers(name: str, budgets: list[int], seed: int, keep: Path | None)
     model = get_model(name.split("-")[0], **MODELS[name])
     keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for scheduler in ("gradient", "round-robin"):
+        for scheduler in schedulers:
             db = Path(tmp) / f"{scheduler}.db"
             for budget in budgets:
                 result = tune_model(model, budget, scheduler=scheduler, db=db, seed=seed,
-                                    threads=1)
+                                    threads=1, progress=lambda event, data: (
+                                        event == "tasks" and print(
+                                            f"  {name} {scheduler}: {data['trials']}/"
+                                            f"{data['of']} trials", file=sys.stderr,
+                                            flush=True)))
                 copy_database(db, keep / f"{name}.{scheduler}.{budget}.db")
                 print(f"  {name} {scheduler} {budget}: tuned, {result.latency_s * 1e3:.3f} ms "
                       f"when it ended, {'correct' if result.correct else 'WRONG'}",
                       file=sys.stderr, flush=True)
 
 
-def time_schedulers(name: str, keep: Path, repeats: int, seed: int) -> list[dict]:
-    """The end-to-end latency of every database kept for `name`, timed alternately with each
-    other and with onnxruntime's, so every budget and scheduler sees the same machine noise."""
+def time_schedulers(name: str, keep: Path, schedulers: list[str], repeats: int,
+                    seed: int) -> list[dict]:
+    """The end-to-end latency of every database kept for `name` by `schedulers`, timed
+    alternately with each other and with onnxruntime's, so every budget and scheduler sees the
+    same machine noise."""
     from portability import paired_speedup, sampled, summary
 
     from eqsched.backend import CompileOptions, Target
@@ -128,7 +137,7 @@ def time_schedulers(name: str, keep: Path, repeats: int, seed: int) -> list[dict
     from eqsched.model import get_model
 
     model = get_model(name.split("-")[0], **MODELS[name])
-    kept = sorted(keep.glob(f"{name}.*.*.db"),
+    kept = sorted((p for p in keep.glob(f"{name}.*.*.db") if p.stem.split(".")[1] in schedulers),
                   key=lambda p: (p.stem.split(".")[1], int(p.stem.split(".")[2])))
     if not kept:
         raise SystemExit(f"{keep}: no databases kept for {name}")
@@ -154,8 +163,9 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=1000, help="trials per model, in all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=15, help="alternating timing runs")
-    ap.add_argument("--schedulers", action="store_true",
-                    help="gradient vs round-robin instead, after each of --budgets")
+    ap.add_argument("--schedulers", nargs="*", choices=SCHEDULERS,
+                    help="gradient vs round-robin instead, after each of --budgets (default: "
+                         "both; one alone lets two processes tune side by side into one --keep)")
     ap.add_argument("--budgets", nargs="*", type=int, default=[200, 500, 1000])
     ap.add_argument("--keep", help="with --schedulers: keep each budget's database here")
     ap.add_argument("--retime", metavar="DIR",
@@ -170,15 +180,16 @@ def main() -> None:
         rows = [part_model(n, threads, args.trials, args.seed, args.repeats) for n in names]
         print(json.dumps(rows))
         return
-    if args.schedulers or args.retime:
+    if args.schedulers is not None or args.retime:
         _threads_for_libraries(1)
         rows = []
         for n in names:
             with tempfile.TemporaryDirectory() as tmp:
                 keep = Path(args.keep or args.retime or tmp)
+                schedulers = args.schedulers or SCHEDULERS
                 if not args.retime:
-                    part_schedulers(n, args.budgets, args.seed, keep)
-                rows += time_schedulers(n, keep, args.repeats, args.seed)
+                    part_schedulers(n, schedulers, args.budgets, args.seed, keep)
+                rows += time_schedulers(n, keep, schedulers, args.repeats, args.seed)
         print("model         scheduler     trials  latency ms  onnxrt ms  vs onnxrt  spread")
         for r in rows:
             print(f"{r['model']:<13} {r['scheduler']:<13} {r['trials']:>6}  "
