@@ -14,13 +14,13 @@ the same machine noise; each figure is a median, each ratio the median of the ro
 ratios (`portability.paired_speedup`). Bar (issue 15): the BERT layer and the ResNet
 block at >= 1.0x onnxruntime's speed on one thread with at most 1,000 trials in all.
 
-`--schedulers` instead tunes one model with each task scheduler, budget after budget (one
-database per scheduler: a larger budget re-uses what the smaller one measured), keeps a copy of
-the database after each budget, and then times the model compiled from every copy alternately,
-beside onnxruntime, so all the latencies after 200, 500 and 1,000 trials share one machine's
-noise. `--keep DIR` keeps the copies; `--retime DIR` only times them again (tuning is long, and
-the timing wants a quiet machine). `--schedulers gradient` tunes and times one scheduler alone,
-so two processes can tune the two side by side into one `--keep DIR` for one `--retime DIR`.
+`--schedulers` instead tunes one model with each task scheduler for the largest budget, keeps a
+copy of its database as the run passes each budget, and then times the model compiled from
+every copy alternately, beside onnxruntime, so all the latencies after 200, 500 and 1,000
+trials share one machine's noise. `--keep DIR` keeps the copies; `--retime DIR` only times
+them again (tuning is long, and the timing wants a quiet machine). `--schedulers gradient`
+tunes and times one scheduler alone, so two processes can tune the two side by side into one
+`--keep DIR` for one `--retime DIR`.
 """
 
 from __future__ import annotations
@@ -101,9 +101,12 @@ def copy_database(source: Path, copy: Path) -> None:
 
 def part_schedulers(name: str, schedulers: list[str], budgets: list[int], seed: int,
                     keep: Path) -> None:
-    """Tune `name` with each scheduler, budget after budget in one database per scheduler, and
-    keep a copy of the database after each budget in `keep`, named
-    `<model>.<scheduler>.<budget>.db`; `time_schedulers` times them side by side afterwards."""
+    """Tune `name` with each scheduler for the largest budget, in one run per scheduler, and
+    keep a copy of its database as it passes each budget in `keep`, named
+    `<model>.<scheduler>.<trials>.db` (the trials spent when the copy was made: the first
+    slice's end at or past the budget): a tuning curve, as Ansor's and MetaSchedule's are
+    read. A run per budget would search its first trials again for every budget.
+    `time_schedulers` times the copies side by side afterwards."""
     from eqsched.model import get_model
     from eqsched.tools.tune_model import tune_model
 
@@ -112,17 +115,25 @@ def part_schedulers(name: str, schedulers: list[str], budgets: list[int], seed: 
     with tempfile.TemporaryDirectory() as tmp:
         for scheduler in schedulers:
             db = Path(tmp) / f"{scheduler}.db"
-            for budget in budgets:
-                result = tune_model(model, budget, scheduler=scheduler, db=db, seed=seed,
-                                    threads=1, progress=lambda event, data: (
-                                        event == "tasks" and print(
-                                            f"  {name} {scheduler}: {data['trials']}/"
-                                            f"{data['of']} trials", file=sys.stderr,
-                                            flush=True)))
-                copy_database(db, keep / f"{name}.{scheduler}.{budget}.db")
-                print(f"  {name} {scheduler} {budget}: tuned, {result.latency_s * 1e3:.3f} ms "
-                      f"when it ended, {'correct' if result.correct else 'WRONG'}",
+            pending = sorted(budgets)[:-1]
+
+            def progress(event: str, data: dict, scheduler: str = scheduler,
+                         db: Path = db, pending: list[int] = pending) -> None:
+                if event != "tasks":
+                    return
+                print(f"  {name} {scheduler}: {data['trials']}/{data['of']} trials",
                       file=sys.stderr, flush=True)
+                if pending and data["trials"] >= pending[0]:
+                    while pending and data["trials"] >= pending[0]:
+                        pending.pop(0)
+                    copy_database(db, keep / f"{name}.{scheduler}.{data['trials']}.db")
+
+            result = tune_model(model, max(budgets), scheduler=scheduler, db=db, seed=seed,
+                                threads=1, progress=progress)
+            copy_database(db, keep / f"{name}.{scheduler}.{result.trials}.db")
+            print(f"  {name} {scheduler}: {result.trials} trials, "
+                  f"{result.latency_s * 1e3:.3f} ms when it ended, "
+                  f"{'correct' if result.correct else 'WRONG'}", file=sys.stderr, flush=True)
 
 
 def time_schedulers(name: str, keep: Path, schedulers: list[str], repeats: int,
