@@ -428,6 +428,12 @@ def _progress_printer(stream: Any) -> Any:
         if event == "saturating":
             print(f"eqsched: saturating the space of {data['workload']} "
                   f"{','.join(map(str, data['size']))} ...", file=stream)
+        elif event == "saturated" and data["stop_reason"] == "time_limit":
+            from .explore import time_limited
+
+            print(f"eqsched: warning: {time_limited(data)}. To build this space again "
+                  f"anywhere: --limits iterations={data['iterations']},seconds=3600",
+                  file=stream)
         elif event == "learning" and data["as_run"]:
             print(f"eqsched: the learned model starts from what run {data['as_run']} of these "
                   f"settings started from ({data['stored']} stored measurements)", file=stream)

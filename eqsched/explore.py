@@ -415,6 +415,7 @@ class TaskTuner:
         self.say("saturating", {"workload": self.result.workload, "size": self.result.size})
         space, self.result.space = _saturate(self.naive, self.rules, self.limits,
                                              vector_lanes(self.options.target.vector_lanes))
+        self.say("saturated", {"workload": self.result.workload, **self.result.space})
         gate = TimingGate()
         search = _search(space, self.model, self.seed, gate,
                          machine_model(self.options.target).peak_gflops, self.population,
@@ -478,8 +479,17 @@ def _saturate(naive: Program, rules: list, limits: Limits | None, lanes: tuple[i
     sat = saturate(naive, rules, limits)
     space = Space(sat, lanes)
     rep = sat.report
-    return space, {"stop_reason": rep.stop_reason, "seconds": rep.seconds, "enodes": rep.enodes,
-                   "eclasses": rep.eclasses, "programs": space.count()}
+    return space, {"stop_reason": rep.stop_reason, "iterations": rep.iterations,
+                   "seconds": rep.seconds, "enodes": rep.enodes, "eclasses": rep.eclasses,
+                   "programs": space.count()}
+
+
+def time_limited(space: dict[str, Any]) -> str:
+    """What to say of a space (`ExploreResult.space`) whose saturation its time limit stopped:
+    the iterations it ran depend on the machine's speed and load, so another run on the same
+    seed may search another space."""
+    return (f"saturation stopped at its time limit after {space['iterations']} iterations "
+            f"({space['seconds']:.0f} s); a slower or busier machine builds a smaller space")
 
 
 def check_population(population: Any) -> int:

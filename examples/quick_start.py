@@ -28,7 +28,8 @@ def main() -> None:
     # Saturate the e-graph of matmul's schedules, then for `trials` candidates: let the cost
     # model pick, compile with LLVM, check against numpy, time. One thread: a one-core result.
     result = explore("matmul", size, trials=4 if args.small else 32, db=out / "eqsched.db",
-                     seed=0, settings=Settings(repeats=3 if args.small else 10, threads=1))
+                     seed=0, settings=Settings(repeats=3 if args.small else 10, threads=1),
+                     **({"population": 16} if args.small else {}))  # a small run's small search
 
     print(result.best_program.text())  # the fastest correct program, as loops
     best = result.best

@@ -226,3 +226,24 @@ def test_a_killed_exploration_keeps_its_measurements_and_resumes(tmp_path, signu
     assert resumed.returncode == 0, resumed.stderr
     out = json.loads(resumed.stdout)
     assert out["trials"] - out["measured"] >= kept - 1  # all but the naive program reused
+
+
+def test_a_space_cut_by_the_time_limit_is_named_with_the_limits_that_build_it_again(tmp_path):
+    """A saturation stopped by its clock depends on the machine's speed and load; the warning
+    names the iterations it ran, and those limits build the same space anywhere."""
+    common = ("matmul", "--size", "8,8,8", "--trials", "2", "--batch", "2", *SEARCH,
+              "--cost-model", "random", "--repeats", "1", "--threads", "1", "--json")
+    cut = explore_cmd(*common, "--db", str(tmp_path / "a.db"), "--limits", "seconds=0")
+    assert cut.returncode == 0, cut.stderr
+    warning = [line for line in cut.stderr.splitlines() if "time limit" in line]
+    assert warning == ["eqsched: warning: saturation stopped at its time limit after 1 "
+                       f"iterations ({json.loads(cut.stdout)['space']['seconds']:.0f} s); a "
+                       "slower or busier machine builds a smaller space. To build this space "
+                       "again anywhere: --limits iterations=1,seconds=3600"]
+    again = explore_cmd(*common, "--db", str(tmp_path / "b.db"), "--limits",
+                        "iterations=1,seconds=3600")
+    assert again.returncode == 0, again.stderr
+    assert "time limit" not in again.stderr
+    first, second = (json.loads(p.stdout)["space"] for p in (cut, again))
+    assert (first["stop_reason"], second["stop_reason"]) == ("time_limit", "iteration_limit")
+    assert (first["programs"], first["enodes"]) == (second["programs"], second["enodes"])

@@ -291,6 +291,11 @@ def _cmd_tune_model(args: Any) -> int:
         elif event == "saturating":
             print(f"eqsched: saturating the space of task {data.get('task', data['workload'])}",
                   file=sys.stderr, flush=True)
+        elif event == "saturated" and data["stop_reason"] == "time_limit":
+            from ..explore import time_limited
+
+            print(f"eqsched: warning: task {data.get('task', data['workload'])}: "
+                  f"{time_limited(data)}", file=sys.stderr, flush=True)
 
     try:
         result = tune_model(model, args.trials, scheduler=args.scheduler, db=args.db,
