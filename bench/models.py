@@ -123,9 +123,9 @@ def part_schedulers(name: str, schedulers: list[str], budgets: list[int], seed: 
                     return
                 print(f"  {name} {scheduler}: {data['trials']}/{data['of']} trials",
                       file=sys.stderr, flush=True)
-                if pending and data["trials"] >= pending[0]:
-                    while pending and data["trials"] >= pending[0]:
-                        pending.pop(0)
+                passed = [budget for budget in pending if data["trials"] >= budget]
+                if passed:
+                    del pending[:len(passed)]
                     copy_database(db, keep / f"{name}.{scheduler}.{data['trials']}.db")
 
             result = tune_model(model, max(budgets), scheduler=scheduler, db=db, seed=seed,
