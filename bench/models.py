@@ -117,8 +117,7 @@ def part_schedulers(name: str, schedulers: list[str], budgets: list[int], seed: 
             db = Path(tmp) / f"{scheduler}.db"
             pending = sorted(budgets)[:-1]
 
-            def progress(event: str, data: dict, scheduler: str = scheduler,
-                         db: Path = db, pending: list[int] = pending) -> None:
+            def progress(event: str, data: dict) -> None:  # called within this iteration
                 if event != "tasks":
                     return
                 print(f"  {name} {scheduler}: {data['trials']}/{data['of']} trials",
