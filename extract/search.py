@@ -48,7 +48,7 @@ import dataclasses
 import functools
 import math
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -57,6 +57,7 @@ from eqsched.egraph.derive import DeriveError, derive, realize, verify
 from eqsched.egraph.facts import Facts
 from eqsched.egraph.space import Slot, Space
 from eqsched.egraph.term import BlockRef, PieceLoop, RfactorLoop, Sizes, Stmt, Term, show, walk
+from eqsched.expr import Const
 from eqsched.ir import Block, Loop, LoopKind, Program, Scope
 from eqsched.schedule import ScheduleError
 
@@ -78,6 +79,9 @@ CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # (a power of two gains the 3 x 2^a tiles) and uniform draws then miss the whole-tile sketches.
 PERFECT_SHARE = 0.5
 SKETCH_NICHE = 2  # of each sketch's best kept among the parents and the pool (_with_every_sketch)
+# Programs of one kernel (`Candidate.kernel`) a run measures before its other twins wait until
+# every other fresh program of a round has been proposed.
+TWINS_MEASURED = 2
 ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
 # Per top-level statement, in program order: its walk's slots and the groups it loops over.
 Statements = tuple[tuple[tuple[Slot, ...], frozenset[str]], ...]
@@ -137,6 +141,27 @@ class Candidate:
         return made, tuple(sorted(_reduction_vector_axes(self.program.body)))
 
     @functools.cached_property
+    def kernel(self) -> tuple:
+        """The program without its fills of a constant (a reduction's zeroed output): each
+        other block with the loops around it (name, extent, kind), and the local and packed
+        buffers. Twins that differ only in how they zero an output run alike, and the model
+        ranks them alike: a round's top would be one kernel many times over."""
+        nests: list[tuple] = []
+
+        def visit(nodes: tuple, loops: tuple) -> None:
+            for node in nodes:
+                if isinstance(node, Block):
+                    if not isinstance(node.value, Const):
+                        nests.append((node.name, loops))
+                elif isinstance(node, Loop):
+                    visit(node.body, loops + ((node.name, node.extent, node.kind),))
+                else:
+                    visit(node.body, loops)
+
+        visit(self.program.body, ())
+        return tuple(nests), self.sketch[0]
+
+    @functools.cached_property
     def trace(self) -> list[dict]:
         """The manual trace that builds the program from the naive one (`derive`), derived on
         first use and kept; raises DeriveError (every time) when the primitives cannot."""
@@ -179,6 +204,7 @@ class EvolutionarySearch:
         self._vector_twins: dict[str, Candidate | None] = {}  # likewise
         self._tile_twins: dict[str, list[Candidate]] = {}  # likewise
         self._reshaped_twins: dict[str, list[Candidate]] = {}  # likewise
+        self._proposed = Counter()  # kernel -> programs of it proposed in earlier rounds
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -582,7 +608,8 @@ class EvolutionarySearch:
     def propose(self, k: int, exclude: Iterable[str] = (),
                 elites: Iterable[Candidate] = ()) -> list[tuple[Candidate, float]]:
         """Up to `k` (candidate, predicted seconds) the caller has not measured (`exclude`),
-        best predicted first, with about `random_fraction` of them random picks. Fewer than
+        best predicted first but a kernel's twins after every other kernel (`_twins_apart`),
+        with about `random_fraction` of them random picks. Fewer than
         `k` only when the search ran out of untried programs; `exhausted` then says why."""
         excluded = set(exclude)
         known: dict[str, float] = {}  # the model does not change within a round
@@ -590,13 +617,28 @@ class EvolutionarySearch:
             ranked = self.rank(self.every_candidate(), known)
         else:
             ranked = self._evolved(list(elites), k, known)
-        fresh = [(c, s) for c, s in ranked if c.hash not in excluded]
-        n_random = min(len(fresh), round(k * self.random_fraction)) if k > 1 else 0
-        chosen, used = self._verified_prefix(fresh, k - n_random)
+        fresh, twins = self._twins_apart([(c, s) for c, s in ranked if c.hash not in excluded])
+        n_random = min(len(fresh) + len(twins), round(k * self.random_fraction)) if k > 1 else 0
+        chosen, used = self._verified_prefix(fresh + twins, k - n_random)
         rest = fresh[used:]
-        chosen += self._verified_prefix(self.rng.sample(rest, len(rest)), k - len(chosen))[0]
+        shuffled = self.rng.sample(rest, len(rest)) + twins[max(0, used - len(fresh)):]
+        chosen += self._verified_prefix(shuffled, k - len(chosen))[0]
         self.exhausted = self._shortfall(len(ranked)) if len(chosen) < k else ""
+        self._proposed.update(c.kernel for c, _ in chosen)
         return chosen
+
+    def _twins_apart(self, ranked: list[tuple[Candidate, float]]
+                     ) -> tuple[list[tuple[Candidate, float]], list[tuple[Candidate, float]]]:
+        """`ranked` split in rank order: programs whose kernel has had fewer than
+        TWINS_MEASURED proposed (this round's counted), and the rest, which a round proposes
+        only when the first run out: it measures different kernels before one again."""
+        seen = Counter(self._proposed)
+        fresh, twins = [], []
+        for entry in ranked:
+            kernel = entry[0].kernel
+            (fresh if seen[kernel] < TWINS_MEASURED else twins).append(entry)
+            seen[kernel] += 1
+        return fresh, twins
 
     def _shortfall(self, ranked: int) -> str:
         """Why a round found fewer than `k` untried programs: a space ranked whole has none

@@ -1,9 +1,11 @@
 """The evolutionary search proposes distinct, unmeasured members of the space, best first."""
 
+import dataclasses
 import math
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -12,7 +14,12 @@ from eqsched.backend import CompileOptions, compile_program
 from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import BlockRef, Cached, symbols, walk
 from eqsched.extract import Candidate, CostModel, EvolutionarySearch, get_cost_model
-from eqsched.extract.search import _splits_exactly, _with_every_sketch, unrolled_copies
+from eqsched.extract.search import (
+    TWINS_MEASURED,
+    _splits_exactly,
+    _with_every_sketch,
+    unrolled_copies,
+)
 from eqsched.ir import LoopKind, naive_program
 from eqsched.model import extract_tasks, get_model
 from eqsched.reference import compare, random_inputs, reference, tolerance
@@ -715,3 +722,77 @@ def test_a_sketch_is_its_local_tiles_packs_and_vectorized_reduction_axes(space):
     s.vectorize("C.init.j.1")  # not a reduction's: no part of the sketch
     cand = Candidate(None, {}, s.program, {}, {}, space.naive)
     assert cand.sketch == (("B_packed",), ("C.j",))
+
+
+class UpdateScalarIterations(FewestScalarIterations):
+    """FewestScalarIterations of the reduction's blocks only: programs that differ only in how
+    they zero the output tie, as they do on a real model."""
+
+    name = "test-update-scalar-iterations"
+
+    def predict(self, programs):
+        return super().predict([_without_fills(p) for p in programs])
+
+
+def _without_fills(prog):
+    from eqsched.expr import Const
+    from eqsched.ir import Block
+
+    def keep(node):
+        return not (isinstance(node, Block) and isinstance(node.value, Const))
+
+    def prune(nodes):
+        out = []
+        for n in nodes:
+            if not keep(n):
+                continue
+            if hasattr(n, "body") and not isinstance(n, Block):
+                n = dataclasses.replace(n, body=tuple(prune(n.body)))
+            out.append(n)
+        return out
+
+    return dataclasses.replace(prog, body=tuple(prune(prog.body)))
+
+
+def test_a_kernel_is_the_program_less_its_fills_of_a_constant(space):
+    def program(init_order, k_split):
+        s = Schedule(space.naive)
+        s.split("C.init.j", [2, 16])
+        s.reorder(*init_order)
+        s.vectorize("C.init.j.1")
+        s.split("C.k", k_split)
+        return Candidate(None, {}, s.program, {}, {}, space.naive)
+
+    a = program(("C.init.i", "C.init.j.0", "C.init.j.1"), [2, 4])
+    b = program(("C.init.j.0", "C.init.i", "C.init.j.1"), [2, 4])
+    c = program(("C.init.i", "C.init.j.0", "C.init.j.1"), [4, 2])
+    assert a.hash != b.hash and a.kernel == b.kernel
+    assert a.kernel != c.kernel
+
+
+def test_a_kernels_twins_wait_until_every_other_kernel_is_proposed(space):
+    class Twin:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+    search = EvolutionarySearch(space, UpdateScalarIterations(), seed=0)
+    ranked = [(Twin(k), float(t)) for t, k in enumerate("aaabac")]
+    fresh, twins = search._twins_apart(ranked)
+    assert [c.kernel for c, _ in fresh] == ["a", "a", "b", "c"]
+    assert [t for _, t in twins] == [2.0, 4.0]  # the third and fourth "a", in rank order
+    search._proposed.update(["a", "b"])  # an earlier round proposed one of each
+    fresh, twins = search._twins_apart(ranked)
+    assert [t for _, t in fresh] == [0.0, 3.0, 5.0]
+
+
+def test_a_run_measures_other_kernels_before_a_third_twin(space):
+    # With seed 0 the top of the third round holds a third program of one kernel, whose
+    # twins differ only in the nest that zeroes C.
+    search = EvolutionarySearch(space, UpdateScalarIterations(), seed=0, population=48,
+                                generations=2, random_fraction=0)
+    proposed = []
+    for _ in range(3):
+        proposed += search.propose(6, exclude={c.hash for c, _ in proposed})
+    kernels = Counter(c.kernel for c, _ in proposed)
+    assert len(proposed) == 18
+    assert max(kernels.values()) <= TWINS_MEASURED
