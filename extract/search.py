@@ -204,7 +204,7 @@ class EvolutionarySearch:
         self._vector_twins: dict[str, Candidate | None] = {}  # likewise
         self._tile_twins: dict[str, list[Candidate]] = {}  # likewise
         self._reshaped_twins: dict[str, list[Candidate]] = {}  # likewise
-        self._proposed = Counter()  # kernel -> programs of it proposed in earlier rounds
+        self._proposed: Counter[tuple] = Counter()  # kernel -> its programs proposed so far
 
     # ---- candidates -------------------------------------------------------------------------
 
