@@ -1,9 +1,11 @@
 """The exploration loop: measured, checked, stored, resumable, reproducible."""
 
 import dataclasses
+import gc
 import json
 import math
 import shutil
+import weakref
 
 import pytest
 from conftest import small_search
@@ -321,6 +323,33 @@ def test_a_wrong_program_is_never_the_best(tmp_path, monkeypatch):
     assert wrong and all("wrong result" in t.error for t in wrong)
     if result.best is not None:
         assert result.best.correct and int(result.best.program_hash, 16) % 2 == 0
+
+
+def test_a_space_dropped_before_a_run_is_freed_on_the_thread_that_made_it(tmp_path,
+                                                                        monkeypatch):
+    # Its e-graph sits in a reference cycle: only the cyclic collector frees it, on whatever
+    # thread runs it, and egglog's e-graph must be dropped on the thread that made it.
+    from eqsched.egraph.space import build_space
+    from eqsched.rules import default_rules
+
+    freed = []
+    measure_round = explore_module._Exploration.measure_round
+
+    def measure_and_look(self, *args, **kwargs):
+        freed.append(egraph() is None)
+        return measure_round(self, *args, **kwargs)
+
+    monkeypatch.setattr(explore_module._Exploration, "measure_round", measure_and_look)
+    gc.disable()  # as if the collector had not run yet
+    try:
+        earlier = build_space(naive_program(get_workload("matmul").build(*SIZE)),
+                              default_rules())
+        egraph = weakref.ref(earlier.saturation.egraph)
+        del earlier
+        run(tmp_path / "x.db", trials=4)
+    finally:
+        gc.enable()
+    assert freed and all(freed)
 
 
 def test_bad_arguments_are_refused(tmp_path):
