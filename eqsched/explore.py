@@ -546,7 +546,12 @@ class _Exploration:
         self.pool: ThreadPoolExecutor | None = None
         self.measuring: ThreadPoolExecutor | None = None
         self.stop = threading.Event()
-        self.collected = False  # the first step collects garbage before threads start
+        # A space dropped earlier in this process (another run's) lives in a reference cycle
+        # until the cyclic collector runs, and egglog's e-graph must be dropped on the thread
+        # that made it: the measuring threads `step` starts allocate enough to run the
+        # collector, which then printed "EGraph is unsendable, but is being dropped on another
+        # thread". Collect here, once per run (a full collection of a large heap takes a while).
+        gc.collect()
         self.proposed: list[tuple[Candidate | Baseline, float]] = []  # the round measured
         self.done: list[Trial] = []  # its trials measured so far
         self.round_index, self.round_started = 0, time.perf_counter()
@@ -580,14 +585,6 @@ class _Exploration:
         interrupt ends them with the trials so far, a round cut short among them."""
         if self.result.interrupted:
             return
-        if not self.collected:
-            # A space dropped earlier in this process (another run's) lives in a reference
-            # cycle until the cyclic collector runs, and egglog's e-graph must be dropped on the
-            # thread that made it: the measuring threads allocate enough to run the collector,
-            # which then printed "EGraph is unsendable, but is being dropped on another
-            # thread". Collect here, once (a full collection of a large heap takes a while).
-            gc.collect()
-            self.collected = True
         self.pool = ThreadPoolExecutor(self.jobs) if self.jobs > 1 else None
         self.measuring = ThreadPoolExecutor(1)
         self.stop = threading.Event()

@@ -146,20 +146,11 @@ class Candidate:
         other block with the loops around it (name, extent, kind), and the local and packed
         buffers. Twins that differ only in how they zero an output run alike, and the model
         ranks them alike: a round's top would be one kernel many times over."""
-        nests: list[tuple] = []
-
-        def visit(nodes: tuple, loops: tuple) -> None:
-            for node in nodes:
-                if isinstance(node, Block):
-                    if not isinstance(node.value, Const):
-                        nests.append((node.name, loops))
-                elif isinstance(node, Loop):
-                    visit(node.body, loops + ((node.name, node.extent, node.kind),))
-                else:
-                    visit(node.body, loops)
-
-        visit(self.program.body, ())
-        return tuple(nests), self.sketch[0]
+        prog = self.program
+        nests = tuple((blk.name, tuple((lp.name, lp.extent, lp.kind)
+                                       for lp in prog.enclosing(blk.name)))
+                      for blk in prog.blocks() if not isinstance(blk.value, Const))
+        return nests, self.sketch[0]
 
     @functools.cached_property
     def trace(self) -> list[dict]:
