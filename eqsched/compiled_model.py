@@ -127,7 +127,10 @@ class CompiledModel:
         self._inputs = {k: aligned_empty(s) for k, s in model.inputs.items()}
         self._buffers: list[np.ndarray] = []  # every planned buffer, once
         self._calls, self._outputs = self._plan()  # kernel calls in running order, with arrays
-        self._chain = Chain(self._calls)
+        # The weights are copies of the model's own, which no call writes: what a kernel makes
+        # of them (a packed weight, `Program.preparation`) is made once, here, as onnxruntime
+        # pre-packs its constant weights when a session loads.
+        self._chain = Chain(self._calls, prepared=True)
 
     def _kernel(self, task: ModelTask, database: Database | None) -> TaskKernel:
         comp = task.computation
@@ -280,7 +283,8 @@ class CompiledModel:
         medians: dict[str, float] = {}
         for name, compiled in self.kernels.items():
             arrays = next(a for kernel, a in self._calls if kernel is compiled.kernel)
-            alone = Chain([(compiled.kernel, arrays)])  # one native call, as the model calls it
+            # One native call, as the model calls it (its preparation done, here, once).
+            alone = Chain([(compiled.kernel, arrays)], prepared=True)
             medians[name] = _median_seconds(alone, repeats, warmup)
         return medians
 

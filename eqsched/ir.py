@@ -213,6 +213,43 @@ class Program:
         """The loops around the loop or block called `name`, outermost first."""
         return list(self._index[3][name])
 
+    @functools.cached_property
+    def preparation(self) -> tuple[int, ...]:
+        """The positions in `body` of the nests a kernel bound to its constant inputs runs once,
+        at binding, instead of on each call: top-level nests whose every block writes an
+        intermediate (GLOBAL) buffer no other nest writes, from the computation's constants
+        and other such nests' buffers only (the pack of a weight, a fill of its padding)."""
+        constants = self.computation.constants if self.computation is not None else frozenset()
+        if not constants:
+            return ()
+        global_ = {b.name for b in self.buffers if b.scope == Scope.GLOBAL}
+        blocks = [_blocks_in(n) for n in self.body]
+        chosen = set(range(len(self.body)))
+        while True:
+            written_outside = {b.buffer for k, bs in enumerate(blocks) if k not in chosen
+                               for b in bs}
+            ready = constants | ({b.buffer for k in chosen for b in blocks[k]} - written_outside)
+            keep = {k for k in chosen
+                    if all(b.buffer in ready and b.buffer in global_
+                           and all(ld.buffer in ready for ld in b.reads()) for b in blocks[k])}
+            if keep == chosen:
+                return tuple(sorted(chosen))
+            chosen = keep
+
+    @property
+    def prepared_buffers(self) -> frozenset[str]:
+        """The intermediates `preparation` fills."""
+        return frozenset(b.buffer for k in self.preparation for b in _blocks_in(self.body[k]))
+
+    @functools.cached_property
+    def per_call(self) -> Program:
+        """What each call of a kernel bound to its constants runs: the program without its
+        `preparation` (whose buffers it reads as already filled). Cost models predict this."""
+        if not self.preparation:
+            return self
+        skip = set(self.preparation)
+        return self.with_body(tuple(n for k, n in enumerate(self.body) if k not in skip))
+
     def with_body(self, body: tuple[Node, ...],
                   buffers: tuple[Buffer, ...] | None = None) -> Program:
         return replace(self, body=body, buffers=self.buffers if buffers is None else buffers)
@@ -250,6 +287,10 @@ class Program:
 
     def __str__(self) -> str:
         return self.text()
+
+
+def _blocks_in(node: Node) -> list[Block]:
+    return [node] if type(node) is Block else [b for b, _ in walk(node.body) if type(b) is Block]
 
 
 def walk(nodes: tuple[Node, ...],
@@ -379,8 +420,12 @@ def _nodes(nodes: tuple[Node, ...], depth: int, out: list[str], prog: Program) -
 
 def print_program(prog: Program) -> str:
     lines = [f"program {prog.name}"]
+    constants = prog.computation.constants if prog.computation is not None else frozenset()
     for b in prog.buffers:
         if b.scope.value != "local":
-            lines.append(f"  {b.scope.value:<6} {b.name}: {b.dtype}{list(b.shape)}")
+            # A constant input is named so (its measurements are of a kernel that prepares it
+            # once, so its programs and their hashes are not those of the same inputs unfixed).
+            word = "const" if b.name in constants else b.scope.value
+            lines.append(f"  {word:<6} {b.name}: {b.dtype}{list(b.shape)}")
     _nodes(prog.body, 0, lines, prog)
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ See docs/ARCHITECTURE.md §6 Programs and schedules.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -215,7 +216,11 @@ def compute(
 
 @dataclass
 class Computation:
-    """A tensor program: inputs, stages in topological order, outputs, FLOP count."""
+    """A tensor program: inputs, stages in topological order, outputs, FLOP count.
+
+    `constants` names inputs that hold the same values on every call (a model's weights): a
+    kernel bound to them runs the nests that read nothing else (a pack of a weight) once, when
+    it is bound, not on each call (`Program.preparation`)."""
 
     name: str
     inputs: tuple[Tensor, ...]
@@ -223,8 +228,10 @@ class Computation:
     outputs: tuple[str, ...]
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     flops: int = 0
+    constants: frozenset[str] = frozenset()
 
-    def __init__(self, name: str, outputs: Sequence[Tensor], flops: int | None = None):
+    def __init__(self, name: str, outputs: Sequence[Tensor], flops: int | None = None,
+                 constants: Sequence[str] = ()):
         self.name = name
         order: list[Tensor] = []
         seen: set[int] = set()
@@ -251,8 +258,24 @@ class Computation:
         self.stages = tuple(t.stage for t in order if t.stage is not None)  # type: ignore[misc]
         self.outputs = tuple(t.name for t in outputs)
         self.shapes = {t.name: t.shape for t in order}
+        self.constants = self._checked_constants(constants)
         self._check_bounds()
         self.flops = int(flops) if flops is not None else sum(s.flops() for s in self.stages)
+
+    def with_constants(self, constants: Sequence[str]) -> Computation:
+        """This computation with `constants` (names of its inputs) held fixed across calls:
+        a layer's weights, when a workload is tuned as one layer of a model."""
+        out = copy.copy(self)
+        out.constants = self._checked_constants(constants)
+        return out
+
+    def _checked_constants(self, constants: Sequence[str]) -> frozenset[str]:
+        names = {t.name for t in self.inputs}
+        for c in constants:
+            if c not in names:
+                raise WorkloadError(f"constant {c!r} is not an input of {self.name} "
+                                    f"(inputs: {', '.join(sorted(names))})")
+        return frozenset(constants)
 
     def stage(self, name: str) -> Stage:
         for s in self.stages:

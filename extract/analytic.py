@@ -177,7 +177,9 @@ class AnalyticModel(CostModel):
         return np.array([self.breakdown(p)["total"] for p in programs], dtype=float)
 
     def breakdown(self, prog: Program) -> dict[str, float]:
-        """The named terms of `prog`'s prediction in seconds (`total` is the prediction)."""
+        """The named terms of `prog`'s prediction in seconds (`total` is the prediction): of
+        what each call runs, so without a preparation from constant inputs."""
+        prog = prog.per_call
         out = dict.fromkeys(KEYS, 0.0)
         sites = _sites(prog)
         in_registers = _register_tiles(prog, sites)

@@ -338,7 +338,9 @@ def _traffic(footprint: list[int], extents: list[int],
 
 
 def features(prog: Program, hardware: Hardware) -> np.ndarray:
-    """The program's feature vector on `hardware`, float64, in FEATURE_NAMES order."""
+    """The program's feature vector on `hardware`, float64, in FEATURE_NAMES order: of what
+    each call runs, so without a preparation from constant inputs."""
+    prog = prog.per_call
     stage_names = {s.name for s in prog.computation.stages}
     stats = [_block_stats(prog, site, hardware) for site in sites(prog).values()]
     points = sum(s.points for s in stats)

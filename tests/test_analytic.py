@@ -642,3 +642,13 @@ def test_a_loop_the_backend_runs_in_copies_issues_its_bookkeeping_once_per_copie
     # them, 2 copies 1/2.
     assert issue[4] < issue[2] < issue[1]
     assert (issue[1] - issue[4]) / (issue[1] - issue[2]) == pytest.approx(1.5)
+
+
+def test_a_pack_of_a_constant_weight_is_not_charged_per_call(model):
+    comp = get_workload("matmul").build(512, 512, 512)
+    varying = register_tiled(naive_program(comp))
+    weighted = register_tiled(naive_program(comp.with_constants(["B"])))
+    # What is left of the copies is the local tile's write-back.
+    assert 0 < model.breakdown(weighted)["copies"] < model.breakdown(varying)["copies"]
+    assert model.predict([weighted])[0] == model.predict([weighted.per_call])[0]
+    assert model.predict([weighted])[0] < model.predict([varying])[0]

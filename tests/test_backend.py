@@ -745,3 +745,21 @@ def test_a_target_this_cpu_cannot_run_is_refused_before_compiling(monkeypatch):
     with pytest.raises(TargetError, match="needs avx512f, which this CPU"):
         compile_program(packed_matmul(8, 64, 9, rows=4),
                         CompileOptions(target=Target.parse("skylake-avx512")))
+
+
+def test_a_prepared_kernel_packs_its_constant_once_and_each_binding_keeps_its_own_pack():
+    prog = packed_matmul(8, 64, 9, rows=4)
+    prog = replace(prog, computation=prog.computation.with_constants(["B"]))
+    assert prog.prepared_buffers == {"B_packed"}
+    kernel = compile_program(prog)
+    a, b1, b2 = rand(8, 9), rand(9, 64), rand(9, 64)
+    c1, c2 = np.empty((8, 64), np.float32), np.empty((8, 64), np.float32)
+    first, second = kernel.prepared(a, b1, c1), kernel.prepared(a, b2, c2)  # two layers' weights
+    first(), second()
+    np.testing.assert_allclose(c1, a @ b1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c2, a @ b2, rtol=1e-5, atol=1e-5)
+    packed_then, b1[...] = b1.copy(), 0.0
+    first()  # its calls use the pack made when it was bound
+    np.testing.assert_allclose(c1, a @ packed_then, rtol=1e-5, atol=1e-5)
+    kernel(a, b1, c1)  # a plain call packs on each call
+    assert not c1.any()

@@ -143,3 +143,13 @@ def test_the_parallel_balance_follows_the_threads():
     # Z holds a third of the points; its 3 chunks take 2 rounds of 2 threads, 1 round of 3
     assert two["parallel_balance"] == pytest.approx(0.75 / 3)
     assert three["parallel_balance"] == pytest.approx(1 / 3)
+
+
+def test_a_pack_of_a_constant_weight_is_left_out_as_each_call_skips_it():
+    comp = get_workload("matmul").build(64, 64, 64)
+    varying = register_tiled(Schedule(naive_program(comp))).program
+    weighted = register_tiled(Schedule(naive_program(comp.with_constants(["B"])))).program
+    # The pack and the local tile's write-back, then the write-back alone.
+    assert named(varying)["copy_blocks"] == 2 and named(weighted)["copy_blocks"] == 1
+    np.testing.assert_array_equal(features(weighted, ON_AVX512),
+                                  features(weighted.per_call, ON_AVX512))

@@ -1,8 +1,11 @@
 """Loop-program IR: naive lowering, structural names, printing, hashing."""
 
+import pytest
+
 from eqsched.expr import exp
 from eqsched.ir import Binding, Block, Loop, LoopKind, Scope, naive_program, walk
-from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
+from eqsched.schedule import Schedule
+from eqsched.te import Computation, WorkloadError, compute, placeholder, reduce_axis, sum_
 
 
 def mm_exp(m=4, n=8, k=16):
@@ -72,3 +75,50 @@ def test_walk_reports_enclosing_loops():
     assert paths["D"] == ["D.i", "D.j"]
     loop = p.body[0]
     assert isinstance(loop, Loop) and loop.kind == LoopKind.SERIAL and loop.lanes == 1
+
+
+def weighted_matmul(constants=("B",), m=4, n=32, k=8):
+    """C = A @ B with B declared constant (a model's weight)."""
+    A = placeholder((m, k), "A")
+    B = placeholder((k, n), "B")
+    r = reduce_axis(k, "k")
+    C = compute((m, n), lambda i, j: sum_(A[i, r] * B[r, j], axis=r), "C")
+    return Computation("mm", [C], constants=constants)
+
+
+def test_a_pack_of_a_constant_input_is_the_program_s_preparation():
+    s = Schedule(naive_program(weighted_matmul()))
+    packed = s.pack("C.update", "B", 1, 16)
+    prog = s.program
+    (k,) = prog.preparation
+    assert {b.buffer for b, _ in walk((prog.body[k],)) if isinstance(b, Block)} == {packed}
+    assert prog.prepared_buffers == {packed}
+    assert [b.name for b in prog.per_call.blocks()] == ["C.init", "C.update"]
+    assert prog.per_call.per_call is prog.per_call
+    # The word "const" names it, so a weight's programs are not those of a varying input.
+    assert "  const  B: float32[8, 32]" in prog.text()
+    assert naive_program(weighted_matmul()).hash() != naive_program(weighted_matmul(())).hash()
+
+
+def test_only_nests_that_read_constants_alone_and_own_their_buffer_are_preparation():
+    s = Schedule(naive_program(weighted_matmul()))
+    s.pack("C.update", "A", 1, 4)  # A is no constant
+    assert s.program.preparation == ()
+    s = Schedule(naive_program(weighted_matmul(())))
+    s.pack("C.update", "B", 1, 16)
+    assert s.program.preparation == () and s.program.per_call is s.program
+    # A reduction of a weight alone (its init and update nests, into an intermediate) is
+    # preparation; the output, and what reads a varying input, are not.
+    A = placeholder((4, 8), "A")
+    W = placeholder((8, 8), "W")
+    r = reduce_axis(8, "r")
+    colsum = compute((8,), lambda j: sum_(W[r, j], axis=r), "colsum")
+    out = compute((4, 8), lambda i, j: A[i, j] * colsum[j], "out")
+    prog = naive_program(Computation("scaled", [out], constants=["W"]))
+    assert [prog.body[k].name for k in prog.preparation] == ["colsum.init.j", "colsum.j"]
+    assert prog.prepared_buffers == {"colsum"}
+
+
+def test_a_constant_must_be_an_input():
+    with pytest.raises(WorkloadError, match="constant 'C' is not an input of mm"):
+        weighted_matmul(("C",))

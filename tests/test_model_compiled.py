@@ -22,7 +22,7 @@ from eqsched.model import ModelBuilder, ModelError, get_model, import_onnx, save
 from eqsched.model.tasks import extract_tasks
 from eqsched.reference import compare
 from eqsched.rules import resolve
-from eqsched.schedule import ScheduleError
+from eqsched.schedule import Schedule, ScheduleError
 from eqsched.trials import Settings, measurement_key, record_of
 
 ONE_THREAD = CompileOptions(threads=1)
@@ -223,3 +223,32 @@ def test_each_task_s_kernel_is_timed_alone_once_however_often_it_occurs():
     assert verdict.correct, verdict.message
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         compiled.time_tasks(repeats=0)
+
+
+def test_a_stored_program_that_packs_a_weight_packs_each_occurrence_s_weight_once(tmp_path):
+    b = ModelBuilder("three_projections")
+    x = b.input("x", (4, 16))
+    rng = np.random.default_rng(0)
+    model = b.build(*(b.matmul(x, b.weight(f"w{n}", rng.standard_normal((16, 24))), name=f"y{n}")
+                      for n in range(3)))
+    (projection,) = extract_tasks(model)
+    assert len(projection.occurrences) == 3  # one kernel, three weights
+    naive = naive_program(projection.computation)
+    schedule = Schedule(naive)
+    schedule.pack(next(b for b in naive.blocks() if b.reduce).name, "in1", 1, 8)  # in1: w
+    program = schedule.program
+    assert program.preparation
+    settings = Settings(threads=1, repeats=2, min_repeats=1, time_budget_s=0.05)
+    measured = settings.measure(program)
+    assert measured.correct
+    with Database(tmp_path / "packed.db") as db:
+        db.add(record_of(*task_key(projection.computation), measurement_key(program, settings),
+                         "pack", {}, schedule.trace, measured, settings))
+    compiled = CompiledModel(model, db=tmp_path / "packed.db", options=ONE_THREAD)
+    assert compiled.kernels[projection.name].program.hash() == program.hash()
+    inputs = model_inputs(model, seed=3)
+    outputs = compiled(inputs)
+    for n in range(3):
+        np.testing.assert_allclose(outputs[f"y{n}"], inputs["x"] @ model.weights[f"w{n}"],
+                                   rtol=1e-5, atol=1e-5)
+    assert compiled.time_tasks(repeats=1)[projection.name] > 0

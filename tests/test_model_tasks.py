@@ -105,6 +105,25 @@ def test_equal_structure_under_other_names_is_the_same_task_and_other_shapes_are
     assert dense("a", 5, 0.5).key != dense("a", 5, 0.25).key  # a folded constant is structure
 
 
+def test_a_task_s_constants_are_the_placeholders_of_weights_and_part_of_its_identity():
+    tasks = by_name(extract_tasks(get_model("bert_layer", **SMALL_BERT)))
+    projection, scores = tasks["matmul_add"], tasks["matmul_mul"]
+    weights = get_model("bert_layer", **SMALL_BERT).weights
+    for occurrence in projection.occurrences:  # x, then the weight and bias of Q, K and V
+        assert {c for c, value in occurrence.inputs.items() if value in weights} == \
+            projection.computation.constants == {"in1", "in2"}
+    assert scores.computation.constants == frozenset()  # query x key: no weights
+
+    b = ModelBuilder("same_matmul_twice")
+    x, y = b.input("x", (2, 3)), b.input("y", (3, 4))
+    w = b.weight("w", np.ones((3, 4)))
+    model = b.build(b.matmul(x, y, name="xy"), b.matmul(x, w, name="xw"))
+    (varying, weighted) = sorted(extract_tasks(model), key=lambda t: t.occurrences[0].position)
+    assert varying.key != weighted.key  # one text, but a weight in one of them
+    assert (varying.computation.constants, weighted.computation.constants) == (
+        frozenset(), {"in1"})
+
+
 @pytest.mark.parametrize("name,params", [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
                                          ("bert_layer", SMALL_BERT),
                                          ("resnet_block", SMALL_RESNET)])

@@ -36,12 +36,17 @@ class Chain:
     """`calls`: (kernel, its arrays in `program.inputs + program.outputs` order) in running
     order. Calling the chain runs them all in place; the arrays' contents are read and written
     as the kernels' calls would, the arrays themselves stay bound (one run at a time). No calls:
-    a chain that runs nothing (a model whose outputs are its inputs)."""
+    a chain that runs nothing (a model whose outputs are its inputs). `prepared`: each kernel's
+    `Program.preparation` runs once, here (`Kernel.bind`), so its constant inputs must keep
+    their values while the chain is used."""
 
-    def __init__(self, calls: Sequence[tuple[Kernel, Sequence[np.ndarray]]]):
+    def __init__(self, calls: Sequence[tuple[Kernel, Sequence[np.ndarray]]],
+                 prepared: bool = False):
         # The machine code and the memory the addresses point to live as long as the chain.
         self._bound = [(kernel, tuple(arrays)) for kernel, arrays in calls]
-        steps = [step for kernel, arrays in self._bound for step in kernel.bind(*arrays)]
+        steps = [step for kernel, arrays in self._bound
+                 for step in kernel.bind(*arrays, prepared=prepared)]
+        self._steps = steps  # they hold the buffers a preparation filled
         self._teams = {step.team_size: team_for(step.team_size)
                        for step in steps if not step.serial}
         self._packed_args = {n: (ctypes.c_void_p * len(step.pointers))(*step.pointers)

@@ -6,8 +6,8 @@ See docs/ARCHITECTURE.md §7 Backend and target.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from math import prod
 
 import llvmlite.binding as llvm
@@ -32,6 +32,9 @@ class Step:
     parallel_extent: int | None = None
     threads: int = 1
     packed: int | None = None  # a chunk function's packed entry (args, lo, hi), for a team
+    # Buffers some pointers point to that the step's binding made (`Kernel.bind(prepared=True)`):
+    # held here so they live as long as the step.
+    owned: tuple[np.ndarray, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def serial(self) -> bool:
@@ -86,14 +89,19 @@ class Kernel:
         self._engine = engine  # owns the machine code: keep it as long as the kernel
         self._optimized_ir = optimized_ir
         self._args: tuple[Buffer, ...] = program.inputs + program.outputs
-        self._intermediates = [aligned_empty(b.shape) for b in program.params
-                               if b.scope == Scope.GLOBAL]
+        globals_ = [b for b in program.params if b.scope == Scope.GLOBAL]
+        self._intermediates = [aligned_empty(b.shape) for b in globals_]
         self._intermediate_ptrs = [a.ctypes.data for a in self._intermediates]
+        # The intermediates `program.preparation` fills: a binding to constants gets its own.
+        self._prepared_slots = [n for n, b in enumerate(globals_)
+                                if b.name in program.prepared_buffers]
         n_ptrs = len(program.params)
         self._segments = [(engine.get_function_address(seg.function), seg.parallel_extent,
                            engine.get_function_address(seg.packed)
                            if seg.parallel_extent is not None else None)
                           for seg in segments]
+        self._preparing = [n for n, seg in enumerate(segments) if seg.preparation]
+        self._per_call = [n for n, seg in enumerate(segments) if not seg.preparation]
         self._calls: list[Callable[..., None]] = []
         for address, extent, _ in self._segments:
             extra = [ctypes.c_int64] * 2 if extent is not None else []
@@ -115,9 +123,53 @@ class Kernel:
         return outputs
 
     def __call__(self, *arrays: np.ndarray) -> None:
+        self._invoke(range(len(self._segments)), self._pointers(arrays) + self._intermediate_ptrs)
+
+    def prepared(self, *arrays: np.ndarray) -> Callable[[], None]:
+        """Bind `arrays` and run the program's `preparation` now, once; returns a call that
+        runs the rest in place. The constant inputs must keep their values while it is used
+        (what it prepared from them is not made again). The intermediates it prepares are its
+        own and start as NaN, as `run`'s do."""
+        ptrs, owned = self._prepare(arrays)
+
+        def call() -> None:
+            self._invoke(self._per_call, ptrs)
+
+        call.owned = owned  # type: ignore[attr-defined]  # the prepared buffers live with it
+        return call
+
+    def bind(self, *arrays: np.ndarray, prepared: bool = False) -> list[Step]:
+        """The kernel's functions bound to `arrays` (checked as a call checks them), to be
+        called later by address (`backend.chain`): the arrays and this kernel must outlive
+        every such call. `prepared`: run the program's `preparation` now, once (see
+        `prepared`), and bind only the rest."""
+        if not prepared:
+            ptrs = tuple(self._pointers(arrays) + self._intermediate_ptrs)
+            return [Step(address, ptrs, extent, self.options.thread_count, packed)
+                    for address, extent, packed in self._segments]
+        pointers, owned = self._prepare(arrays)
+        ptrs = tuple(pointers)
+        return [Step(address, ptrs, extent, self.options.thread_count, packed, owned)
+                for address, extent, packed in (self._segments[n] for n in self._per_call)]
+
+    def _prepare(self, arrays: tuple[np.ndarray, ...]) -> tuple[list[int], tuple[np.ndarray, ...]]:
+        """Pointers to `arrays`, the intermediates and fresh buffers for the prepared ones, with
+        the preparation run into them; and those buffers."""
         ptrs = self._pointers(arrays) + self._intermediate_ptrs
+        owned = []
+        for slot in self._prepared_slots:
+            buffer = aligned_empty(self._intermediates[slot].shape)
+            buffer.fill(np.nan)
+            owned.append(buffer)
+            ptrs[len(arrays) + slot] = buffer.ctypes.data
+        self._invoke(self._preparing, ptrs)
+        return ptrs, tuple(owned)
+
+    def _invoke(self, segments: Iterable[int], ptrs: list[int]) -> None:
+        """Run the `segments` (positions in the segment list) in order on `ptrs`."""
         packed_args = None
-        for fn, (_, extent, packed) in zip(self._calls, self._segments):
+        for n in segments:
+            fn, (_, extent, packed) = self._calls[n], self._segments[n]
             threads = team_size(self.options.thread_count, extent)
             if extent is None:
                 fn(*ptrs)
@@ -127,14 +179,6 @@ class Kernel:
                 if packed_args is None:
                     packed_args = (ctypes.c_void_p * len(ptrs))(*ptrs)
                 team_for(threads).run(packed, ctypes.addressof(packed_args), extent)
-
-    def bind(self, *arrays: np.ndarray) -> list[Step]:
-        """The kernel's functions bound to `arrays` (checked as a call checks them), to be
-        called later by address (`backend.chain`): the arrays and this kernel must outlive
-        every such call."""
-        ptrs = tuple(self._pointers(arrays) + self._intermediate_ptrs)
-        return [Step(address, ptrs, extent, self.options.thread_count, packed)
-                for address, extent, packed in self._segments]
 
     def _pointers(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
         name = self.program.name

@@ -48,6 +48,7 @@ class Segment:
 
     function: str
     parallel_extent: int | None = None  # set for a chunk function (ptrs..., lo, hi)
+    preparation: bool = False  # a nest of `Program.preparation`, run once by a bound kernel
 
     @property
     def packed(self) -> str:
@@ -65,22 +66,27 @@ def lower(prog: Program, triple: str, data_layout: str, register_lanes: int = 16
     segments: list[Segment] = []
     run: list[Node] = []
 
-    def flush() -> None:
+    def flush(preparation: bool = False) -> None:
         if run:
             name = f"seg{len(segments)}"
             _FunctionEmitter(module, prog, name, False, register_lanes,
                              most_copies).emit_serial(tuple(run))
-            segments.append(Segment(name))
+            segments.append(Segment(name, preparation=preparation))
             run.clear()
 
-    for node in prog.body:
+    preparation = set(prog.preparation)
+    for k, node in enumerate(prog.body):
         if isinstance(node, Loop) and node.kind == LoopKind.PARALLEL:
             flush()
             name = f"seg{len(segments)}"
             emitter = _FunctionEmitter(module, prog, name, True, register_lanes, most_copies)
             emitter.emit_chunk(node)
-            segments.append(Segment(name, node.extent))
+            segments.append(Segment(name, node.extent, k in preparation))
             _packed_entry(module, emitter.fn, segments[-1].packed)
+        elif k in preparation:  # a function of its own, which a bound kernel runs once
+            flush()
+            run.append(node)
+            flush(preparation=True)
         else:
             run.append(node)
     flush()

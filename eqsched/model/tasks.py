@@ -20,9 +20,10 @@ Each group becomes `Model.computation(nodes)` renamed canonically: placeholders 
 and stages `t0, t1, ...` (with their `__part` suffix) in the order a depth-first walk from the
 outputs meets them through each body's reads, a walk that names do not steer. Two groups are the
 same task when their canonical computations have the same text (shapes, indices, bodies, folded
-constants); a task's weight is its number of occurrences, and each occurrence maps the task's
-placeholder and output names to the model's values, so a compiled model can call one kernel at
-each place.
+constants) and the same placeholders stand for the model's weights (the computation's
+`constants`: a kernel prepares what it makes of them once, not on each call). A task's weight
+is its number of occurrences, and each occurrence maps the task's placeholder and output names
+to the model's values, so a compiled model can call one kernel at each place.
 
 See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
@@ -116,9 +117,12 @@ def extract_tasks(model: Model, fold_layout: bool = True) -> list[ModelTask]:
         comp = model.computation(nodes, fold_layout=fold_layout)
         outputs, names = _canonical(comp)
         base = _base_name(model, nodes)
-        key = hashlib.sha256(_text(outputs).encode()).hexdigest()[:16]
+        constants = sorted(new for old, new in names.items()
+                           if old in model.weights and old in _input_names(comp))
+        text = _text(outputs) + "\nconstant " + " ".join(constants)
+        key = hashlib.sha256(text.encode()).hexdigest()[:16]
         if key not in keyed:
-            keyed[key] = (Computation(base, outputs), [], base)
+            keyed[key] = (Computation(base, outputs, constants=constants), [], base)
         keyed[key][1].append(Occurrence(
             position, nodes, {new: old for old, new in names.items() if old in _input_names(comp)},
             {names[o]: o for o in comp.outputs}))
