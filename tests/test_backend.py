@@ -1,6 +1,8 @@
 """The LLVM backend runs every node and loop kind correctly, and refuses what it cannot compile."""
 
+import gc
 import re
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -763,3 +765,16 @@ def test_a_prepared_kernel_packs_its_constant_once_and_each_binding_keeps_its_ow
     np.testing.assert_allclose(c1, a @ packed_then, rtol=1e-5, atol=1e-5)
     kernel(a, b1, c1)  # a plain call packs on each call
     assert not c1.any()
+
+
+def test_a_prepared_call_keeps_the_arrays_it_has_the_addresses_of():
+    prog = packed_matmul(8, 64, 9, rows=4)
+    kernel = compile_program(replace(prog, computation=prog.computation.with_constants(["B"])))
+    a, b, c = rand(8, 9), rand(9, 64), np.empty((8, 64), np.float32)
+    expected, out = a @ b, weakref.ref(c)
+    call = kernel.prepared(a, b, c)
+    del a, b, c
+    gc.collect()
+    assert out() is not None  # freed, a call would write into memory no longer its own
+    call()
+    np.testing.assert_allclose(out(), expected, rtol=1e-5, atol=1e-5)

@@ -129,13 +129,15 @@ class Kernel:
         """Bind `arrays` and run the program's `preparation` now, once; returns a call that
         runs the rest in place. The constant inputs must keep their values while it is used
         (what it prepared from them is not made again). The intermediates it prepares are its
-        own and start as NaN, as `run`'s do."""
+        own and start as NaN, as `run`'s do. The call holds the arrays and those buffers (it
+        has their addresses), so they live as long as it."""
         ptrs, owned = self._prepare(arrays)
+        held = (arrays, owned)
 
         def call() -> None:
             self._invoke(self._per_call, ptrs)
 
-        call.owned = owned  # type: ignore[attr-defined]  # the prepared buffers live with it
+        call.held = held  # type: ignore[attr-defined]
         return call
 
     def bind(self, *arrays: np.ndarray, prepared: bool = False) -> list[Step]:
