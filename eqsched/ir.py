@@ -219,7 +219,7 @@ class Program:
         at binding, instead of on each call: top-level nests whose every block writes an
         intermediate (GLOBAL) buffer no other nest writes, from the computation's constants
         and other such nests' buffers only (the pack of a weight, a fill of its padding)."""
-        constants = self.computation.constants if self.computation is not None else frozenset()
+        constants = self.computation.constants
         if not constants:
             return ()
         global_ = {b.name for b in self.buffers if b.scope == Scope.GLOBAL}
@@ -420,12 +420,11 @@ def _nodes(nodes: tuple[Node, ...], depth: int, out: list[str], prog: Program) -
 
 def print_program(prog: Program) -> str:
     lines = [f"program {prog.name}"]
-    constants = prog.computation.constants if prog.computation is not None else frozenset()
     for b in prog.buffers:
         if b.scope.value != "local":
             # A constant input is named so (its measurements are of a kernel that prepares it
             # once, so its programs and their hashes are not those of the same inputs unfixed).
-            word = "const" if b.name in constants else b.scope.value
+            word = "const" if b.name in prog.computation.constants else b.scope.value
             lines.append(f"  {word:<6} {b.name}: {b.dtype}{list(b.shape)}")
     _nodes(prog.body, 0, lines, prog)
     return "\n".join(lines) + "\n"

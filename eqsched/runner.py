@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from . import machine
-from .backend import CompileOptions, aligned_copy, aligned_empty, compile_program
+from .backend import CompileOptions, aligned_copy, compile_program
 from .ir import Program, naive_program
 from .reference import BUDGET_BYTES as REFERENCE_CHUNK_BYTES
 from .reference import compare, random_inputs, reference, tolerance
@@ -365,9 +365,9 @@ def _cpu_counters() -> tuple[float, float] | None:
     return busy, (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
-def _prepare(prog: Program, job: _Job) -> tuple[Measurement, Callable | None, list]:
-    """The program compiled and checked against the reference: its result so far, and the
-    kernel and arguments to time it with (None when it failed or has nothing to time)."""
+def _prepare(prog: Program, job: _Job) -> tuple[Measurement, Callable | None, tuple]:
+    """The program compiled and checked against the reference: its result so far, and what
+    to time it with, a call and its arguments (None when it failed or has nothing to time)."""
     try:
         kernel = compile_program(prog, job.options)
         info: dict[str, Any] = {"backend": kernel.info, "machine": machine.facts()}
@@ -377,15 +377,13 @@ def _prepare(prog: Program, job: _Job) -> tuple[Measurement, Callable | None, li
         if prog.preparation:
             # Checked and timed as a kernel bound to its constants runs: prepared once, then
             # only the rest on each call (what a model's weights get, docs/ARCHITECTURE.md §7).
-            outputs = {b.name: aligned_empty(b.shape) for b in prog.outputs}
-            for array in outputs.values():
-                array.fill(np.nan)
-            call = kernel.prepared(*args.values(), *outputs.values())
-            call()
+            outputs, call = kernel.prepared_run(args)  # outputs and intermediates start as NaN
+            arrays: tuple[np.ndarray, ...] = ()  # the call holds them
         else:
-            outputs = kernel.run(args)  # outputs and intermediates start as NaN
+            outputs = kernel.run(args)
+            call, arrays = kernel, (*args.values(), *outputs.values())
     except Exception as err:  # every failure of one program is that program's result
-        return _failure(err), None, []
+        return _failure(err), None, ()
     result = Measurement(correct=None, info=info)
     if ref is not None:
         ok, max_err, message = compare(outputs, ref.expected, tolerance(prog.computation))
@@ -395,13 +393,11 @@ def _prepare(prog: Program, job: _Job) -> tuple[Measurement, Callable | None, li
         result.correct, result.max_err, result.check_message = ok, max_err, message
         if not ok:
             result.error_kind = DETERMINISTIC
-            return result, None, []
-    if prog.preparation:
-        return result, call, []
-    return result, kernel, [*args.values(), *outputs.values()]
+            return result, None, ()
+    return result, call, arrays
 
 
-def _time(kernel: Callable, run: list, times: list[float], job: _Job) -> None:
+def _time(kernel: Callable, run: tuple, times: list[float], job: _Job) -> None:
     """Warm up and time `kernel` on `run`, appending to `times`. A slow candidate should
     not eat the exploration's budget: past `time_budget_s` of warmup and timing, stop (keeping
     at least `min_repeats` timed runs: one run on a noisy machine can be far off, and the

@@ -113,14 +113,29 @@ class Kernel:
         intermediates start as NaN, so a point the kernel never writes, or reads before writing,
         cannot pass a comparison (fresh memory is often zero: an accumulator whose init was
         lost would pass)."""
+        outputs, arrays = self._fresh(inputs)
+        self(*arrays)
+        return outputs
+
+    def prepared_run(self, inputs: dict[str, np.ndarray]
+                     ) -> tuple[dict[str, np.ndarray], Callable[[], None]]:
+        """`run` as a kernel bound to its constants runs (`prepared`): the preparation once,
+        then the rest. Returns the outputs and that call, which runs the rest again in place."""
+        outputs, arrays = self._fresh(inputs)
+        call = self.prepared(*arrays)
+        call()
+        return outputs, call
+
+    def _fresh(self, inputs: dict[str, np.ndarray]
+               ) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]:
+        """New aligned outputs by name, and the call's arrays; outputs and intermediates NaN."""
         for intermediate in self._intermediates:
             intermediate.fill(np.nan)
         outputs = {}
         for b in self.program.outputs:
             outputs[b.name] = aligned_empty(b.shape)
             outputs[b.name].fill(np.nan)
-        self(*(inputs[b.name] for b in self.program.inputs), *outputs.values())
-        return outputs
+        return outputs, (*(inputs[b.name] for b in self.program.inputs), *outputs.values())
 
     def __call__(self, *arrays: np.ndarray) -> None:
         self._invoke(range(len(self._segments)), self._pointers(arrays) + self._intermediate_ptrs)

@@ -117,14 +117,15 @@ def extract_tasks(model: Model, fold_layout: bool = True) -> list[ModelTask]:
         comp = model.computation(nodes, fold_layout=fold_layout)
         outputs, names = _canonical(comp)
         base = _base_name(model, nodes)
+        inputs = _input_names(comp)
         constants = sorted(new for old, new in names.items()
-                           if old in model.weights and old in _input_names(comp))
+                           if old in model.weights and old in inputs)
         text = _text(outputs) + "\nconstant " + " ".join(constants)
         key = hashlib.sha256(text.encode()).hexdigest()[:16]
         if key not in keyed:
             keyed[key] = (Computation(base, outputs, constants=constants), [], base)
         keyed[key][1].append(Occurrence(
-            position, nodes, {new: old for old, new in names.items() if old in _input_names(comp)},
+            position, nodes, {new: old for old, new in names.items() if old in inputs},
             {names[o]: o for o in comp.outputs}))
     tasks, used = [], set()
     for key, (comp, occurrences, base) in keyed.items():
