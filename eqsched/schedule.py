@@ -55,6 +55,10 @@ from .te import REDUCERS, Axis
 # traffic than the reduction saves.
 MAX_PARTIAL_ELEMENTS = 1 << 18
 
+# The widest panel `pack` copies as one vector (16 zmm, 32 ymm): a wider one stays a loop,
+# whose straight-line vector would only lengthen compilation.
+MAX_VECTOR_COPY = 256
+
 # Parameter names of each primitive, as they appear in a trace step's "args".
 PRIMITIVES: dict[str, tuple[str, ...]] = {
     "split": ("loop", "factors"),
@@ -389,18 +393,31 @@ class Schedule:
                              Load(buffer, tuple(source)))
         # Packing along an outer dimension transposes: each panel row gathers `factor` elements
         # a whole row of `buffer` apart. Unrolled, those loads issue together instead of one per
-        # loop iteration behind the store before it (docs/ARCHITECTURE.md §17.6); packing along
-        # the innermost dimension copies contiguous runs and stays a loop.
+        # loop iteration behind the store before it (docs/ARCHITECTURE.md §17.6). Packing along
+        # the innermost dimension copies contiguous runs: one vector each, since LLVM's own
+        # vectorizers are off (a schedule states its vectors) and a scalar copy of a weight
+        # runs on every call.
+        # Such a copy also runs in the source's order, the panel loop inside its rows: panel
+        # by panel it would read a short run from each row, a whole row apart, where the
+        # hardware prefetchers follow one stream.
         kinds = [LoopKind.SERIAL] * len(pshape)
-        if dim != len(shape) - 1 and factor <= MAX_UNROLL:
-            kinds[-1] = LoopKind.UNROLL
+        order = list(range(len(pshape)))
+        if dim != len(shape) - 1:
+            if factor <= MAX_UNROLL:
+                kinds[-1] = LoopKind.UNROLL
+        else:
+            if factor <= MAX_VECTOR_COPY:
+                kinds[-1] = LoopKind.VECTOR
+            order = [*order[1:-1], 0, order[-1]]
         root = _root_nest(prog, block, alone=False)
         # The copy runs on every call before the reader's nest; when that nest shares its work
-        # out across threads, a serial copy would leave the other cores waiting for one. Panels
-        # are disjoint, so the panel loop is parallel like the reader's outermost loop.
-        if isinstance(root, Loop) and root.kind == LoopKind.PARALLEL and panels > 1:
-            kinds[0] = LoopKind.PARALLEL
-        copy_nest = nest(list(zip(loops, pshape, kinds)), (copy_blk,))
+        # out across threads, a serial copy would leave the other cores waiting for one. Every
+        # loop but the lanes' writes disjoint elements, so the copy's outermost loop is
+        # parallel like the reader's.
+        if (isinstance(root, Loop) and root.kind == LoopKind.PARALLEL and len(order) > 1
+                and pshape[order[0]] > 1):
+            kinds[order[0]] = LoopKind.PARALLEL
+        copy_nest = nest([(loops[n], pshape[n], kinds[n]) for n in order], (copy_blk,))
 
         def repack(e: Expr) -> Expr | None:
             if isinstance(e, Load) and e.buffer == buffer:

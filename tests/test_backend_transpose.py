@@ -21,7 +21,8 @@ def packed(workload: str, size: tuple[int, ...], block: str, buffer: str, dim: i
 
 
 def copy_of(sch: Schedule, lanes: int = 16):
-    root = next(n for n in sch.program.body if getattr(n, "name", "").endswith("_packed.p0"))
+    root = next(n for n in sch.program.body
+                if getattr(n, "name", "").rpartition(".")[0].endswith("_packed"))
     return transposing_copy(root, sch.program, lanes)
 
 

@@ -330,7 +330,11 @@ def test_pack_an_input_into_column_panels():
     assert prog.buffer("B_packed").shape == (3, 8, 8)
     assert str(prog.block("C.update").value) == "A[i, k] * B_packed[j // 8, k, j % 8]"
     assert str(prog.block("B_packed").value) == "B[p1, p0 * 8 + p2]"
-    assert prog.body[1].name == "B_packed.p0"  # right before the update's nest
+    assert prog.body[1].name == "B_packed.p1"  # right before the update's nest
+    # in B's own order: along its rows, each panel's run of a row one vector
+    assert [(lp.name, lp.kind) for lp in prog.loops() if lp.name.startswith("B_packed")] == [
+        ("B_packed.p1", LoopKind.SERIAL), ("B_packed.p0", LoopKind.SERIAL),
+        ("B_packed.p2", LoopKind.VECTOR)]
     assert_computes(prog, comp)
 
 
@@ -351,24 +355,33 @@ def test_pack_along_an_outer_dimension_unrolls_the_transposing_copy():
     assert set(kinds.values()) == {LoopKind.SERIAL}
     assert_computes(prog, comp)
     _, rows = build("matmul", 16, 24, 8)
-    rows.pack("C.update", "B", dim=1, factor=8)  # contiguous runs: the copy stays a loop
-    assert rows.program.loop("B_packed.p2").kind == LoopKind.SERIAL
+    rows.pack("C.update", "B", dim=1, factor=8)  # contiguous runs: a vector each
+    assert rows.program.loop("B_packed.p2").kind == LoopKind.VECTOR
+    _, wide = build("matmul", 4, 1024, 8)
+    wide.pack("C.update", "B", dim=1, factor=512)  # wider than MAX_VECTOR_COPY: a loop
+    assert wide.program.loop("B_packed.p2").kind == LoopKind.SERIAL
 
 
-def test_the_copy_feeding_a_parallel_nest_is_parallel_over_its_panels():
+def test_the_copy_feeding_a_parallel_nest_is_parallel():
     comp, sch = build("matmul", 16, 24, 8)
     sch.split("C.i", [4, 4])
     sch.parallel("C.i.0")
-    sch.pack("C.update", "B", dim=1, factor=8)  # 3 panels, copied by the cores the update uses
+    sch.pack("C.update", "B", dim=1, factor=8)  # B's 8 rows, copied by the update's cores
     prog = sch.program
-    assert prog.loop("B_packed.p0").kind == LoopKind.PARALLEL
-    assert {prog.loop(f"B_packed.p{n}").kind for n in (1, 2)} == {LoopKind.SERIAL}
+    assert prog.loop("B_packed.p1").kind == LoopKind.PARALLEL
+    assert prog.loop("B_packed.p0").kind == LoopKind.SERIAL
     assert_computes(prog, comp)
-    _, one_panel = build("matmul", 16, 8, 8)
-    one_panel.split("C.i", [4, 4])
-    one_panel.parallel("C.i.0")
-    one_panel.pack("C.update", "B", dim=1, factor=8)  # nothing to share out
-    assert one_panel.program.loop("B_packed.p0").kind == LoopKind.SERIAL
+    _, one_row = build("matmul", 16, 8, 1)
+    one_row.split("C.i", [4, 4])
+    one_row.parallel("C.i.0")
+    one_row.pack("C.update", "B", dim=1, factor=8)  # nothing to share out
+    assert one_row.program.loop("B_packed.p1").kind == LoopKind.SERIAL
+    comp, columns = build("matmul", 16, 24, 8)
+    columns.split("C.i", [4, 4])
+    columns.parallel("C.i.0")
+    columns.pack("C.update", "A", dim=0, factor=4)  # transposing: its panels are shared out
+    assert columns.program.loop("A_packed.p0").kind == LoopKind.PARALLEL
+    assert_computes(columns.program, comp)
 
 
 def test_pack_with_a_factor_that_does_not_divide_pads_the_last_panel():
