@@ -351,7 +351,8 @@ class Schedule:
         blocks): the panels number the ceiling, and the copy's source axis is split with a
         remainder, so the last panel is copied only as far as the buffer goes. The pad is never
         written and never read: a reader's own axis guard keeps it inside the buffer's extent.
-        When the reader's root nest is parallel, so is the copy's panel loop."""
+        A copy along the innermost dimension runs in the source's order, each run one vector.
+        When the reader's root nest is parallel, so is the copy's outermost loop."""
         prog = self._program
         blk = self._block(block)
         where = f"pack {buffer} for {block}"
