@@ -395,12 +395,10 @@ class Schedule:
         # Packing along an outer dimension transposes: each panel row gathers `factor` elements
         # a whole row of `buffer` apart. Unrolled, those loads issue together instead of one per
         # loop iteration behind the store before it (docs/ARCHITECTURE.md §17.6). Packing along
-        # the innermost dimension copies contiguous runs: one vector each, since LLVM's own
-        # vectorizers are off (a schedule states its vectors) and a scalar copy of a weight
-        # runs on every call.
-        # Such a copy also runs in the source's order, the panel loop inside its rows: panel
-        # by panel it would read a short run from each row, a whole row apart, where the
-        # hardware prefetchers follow one stream.
+        # the innermost dimension copies contiguous runs: one vector each (LLVM's own
+        # vectorizers are off, so a plain loop is a scalar copy, run on every call), in the
+        # source's order, the panel loop inside its rows (panel by panel it would read a short
+        # run of every row, a whole row apart).
         kinds = [LoopKind.SERIAL] * len(pshape)
         order = list(range(len(pshape)))
         if dim != len(shape) - 1:
@@ -412,11 +410,10 @@ class Schedule:
             order = [*order[1:-1], 0, order[-1]]
         root = _root_nest(prog, block, alone=False)
         # The copy runs on every call before the reader's nest; when that nest shares its work
-        # out across threads, a serial copy would leave the other cores waiting for one. Every
-        # loop but the lanes' writes disjoint elements, so the copy's outermost loop is
-        # parallel like the reader's.
-        if (isinstance(root, Loop) and root.kind == LoopKind.PARALLEL and len(order) > 1
-                and pshape[order[0]] > 1):
+        # out across threads, a serial copy would leave the other cores waiting for one. The
+        # copy's steps of any loop but the lanes' write disjoint elements, so its outermost loop
+        # is parallel like the reader's.
+        if isinstance(root, Loop) and root.kind == LoopKind.PARALLEL and pshape[order[0]] > 1:
             kinds[order[0]] = LoopKind.PARALLEL
         copy_nest = nest([(loops[n], pshape[n], kinds[n]) for n in order], (copy_blk,))
 
