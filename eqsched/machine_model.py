@@ -84,6 +84,8 @@ BOUNDS = {"hz": (2e8, 1e10), "issue_width": (1.0, 16.0), "fma_per_cycle": (0.1, 
 # The port kernels' passes: at least PASSES, spaced PASS_SPACING_S apart, and more (up to
 # MAX_PASSES) until a second pass comes within AGREEMENT of every figure's best.
 PASSES, MAX_PASSES, PASS_SPACING_S, AGREEMENT = 4, 10, 0.05, 0.05
+# A pass whose clock reads more than this fraction below the median clock is left out.
+CLOCK_AGREEMENT = 0.1
 
 
 class CalibrationError(RuntimeError):
@@ -522,6 +524,10 @@ def _rate(call: Callable[[int], object], seconds: float, repeats: int, *,
     n = 1
     while True:
         spent = _cpu_seconds(lambda: call(n))
+        if spent >= seconds / 2:
+            # An interrupt is charged to the thread: one stretched call must not stop the
+            # growth at an n whose call is mostly the call's own overhead.
+            spent = min(spent, _cpu_seconds(lambda: call(n)))
         if spent >= seconds / 2 or n >= 1 << 40:
             break
         n *= min(1024, max(2, math.ceil(seconds / max(spent, 1e-6))))
@@ -604,15 +610,18 @@ def calibrate(target: Target | None = None, *, seconds: float = 0.002,
 
     clocks, readings = [], []
     while len(readings) < MAX_PASSES and (len(readings) < PASSES or
-                                          _reproduced(readings) < 2):
+                                          _reproduced(_usable(clocks, readings)) < 2):
         if readings:
             time.sleep(PASS_SPACING_S)
         clock, figures = port_pass()
         clocks.append(clock)
         readings.append(figures)
     hz = measured("hz", statistics.median(clocks))
-    figures = {name: measured(_BOUND_OF.get(name, name), value)
-               for name, value in _best(readings).items()}
+    usable = _usable(clocks, readings)
+    for name in readings[0]:
+        if all(p[name] is None for p in usable):  # no pass read a possible figure
+            measured(_BOUND_OF.get(name, name), statistics.median(p[name] for p in readings))
+    figures = _best(usable)
     bandwidth, all_cores = streams.bandwidths(
         {level: figures.pop(f"bandwidth_{level}") * hz for level in CORE_LEVELS})
     bandwidth = {level: measured("bandwidth", b / hz) for level, b in bandwidth.items()}
@@ -637,21 +646,47 @@ _BOUND_OF = {"fma_per_cycle_half": "fma_per_cycle", "loads_per_cycle_half": "loa
 _LOWER_IS_BETTER = {"fma_latency"}
 
 
-def _best(passes: list[dict[str, float]]) -> dict[str, float]:
-    """Each figure's best over the passes: contention only lowers a rate, raises a latency."""
-    pick = {name: min if name in _LOWER_IS_BETTER else max for name in passes[0]}
-    return {name: pick[name](p[name] for p in passes) for name in passes[0]}
+def _usable(clocks: list[float], passes: list[dict[str, float]]) -> list[dict[str, float | None]]:
+    """The passes whose figures are in cycles, each impossible figure None: a pass whose clock
+    read more than CLOCK_AGREEMENT below the median was slowed while it timed the clock (each
+    of its figures then reads too high), and a figure outside its bounds is a misread timer."""
+    if not passes:
+        return []
+    floor = (1 - CLOCK_AGREEMENT) * statistics.median(clocks)
+
+    def possible(name: str, value: float) -> bool:
+        low, high = BOUNDS[_BOUND_OF.get(name, name)]
+        return math.isfinite(value) and low <= value <= high
+
+    return [{name: value if possible(name, value) else None for name, value in p.items()}
+            for clock, p in zip(clocks, passes, strict=True) if clock >= floor]
 
 
-def _reproduced(passes: list[dict[str, float]]) -> int:
+def _best(passes: list[dict[str, float | None]]) -> dict[str, float]:
+    """Each figure's best over the passes: contention only lowers a rate, raises a latency.
+    A figure no pass read (None in each) is left out."""
+    best = {}
+    for name in passes[0]:
+        values = [p[name] for p in passes if p[name] is not None]
+        if values:
+            best[name] = min(values) if name in _LOWER_IS_BETTER else max(values)
+    return best
+
+
+def _reproduced(passes: list[dict[str, float | None]]) -> int:
     """The fewest passes that came within AGREEMENT of a figure's best, over the figures."""
+    if not passes:
+        return 0
     best = _best(passes)
 
-    def close(name: str, value: float) -> bool:
+    def close(name: str, value: float | None) -> bool:
+        if value is None:
+            return False
         ratio = best[name] / value if name in _LOWER_IS_BETTER else value / best[name]
         return ratio >= 1 - AGREEMENT
 
-    return min(sum(close(name, p[name]) for p in passes) for name in best)
+    return min(sum(close(name, p[name]) for p in passes) if name in best else 0
+               for name in passes[0])
 
 
 class _Streams:

@@ -51,6 +51,37 @@ def test_a_pass_slowed_by_a_neighbour_does_not_set_a_port_figure():
     assert mm._reproduced([contended, quiet, contended]) == 1
 
 
+def test_a_pass_whose_clock_read_slow_or_whose_timer_misread_sets_no_figure():
+    quiet = {"issue_width": 4.0, "fma_per_cycle": 2.0, "fma_latency": 4.0}
+    # Slowed while timing the clock: every figure of the pass, in its cycles, reads too high.
+    slow_clock = {"issue_width": 7.9, "fma_per_cycle": 3.9, "fma_latency": 2.0}
+    misread = {"issue_width": 324.8, "fma_per_cycle": 1.98, "fma_latency": 4.1}
+    usable = mm._usable([3.0e9, 1.5e9, 3.0e9, 2.9e9], [quiet, slow_clock, misread, quiet])
+    assert len(usable) == 3 and usable[1]["issue_width"] is None
+    assert mm._best(usable) == quiet
+    assert mm._reproduced(usable) == 2
+
+
+def test_a_call_stretched_by_an_interrupt_does_not_stop_the_rate_at_a_tiny_call(monkeypatch):
+    # Each unit takes 1 us, each call 2 us of its own overhead; the first call is interrupted.
+    calls = []
+
+    def timed(call):
+        call()
+        return 0.05 if len(calls) == 1 else 2e-6 + calls[-1] * 1e-6
+
+    monkeypatch.setattr(mm, "_cpu_seconds", timed)
+    rate = mm._rate(calls.append, seconds=0.002, repeats=3)
+    assert calls[-1] >= 1000 and 0.9e6 < rate <= 1e6
+
+
+def test_a_figure_no_pass_could_read_is_a_one_line_error(monkeypatch):
+    monkeypatch.setitem(mm.BOUNDS, "issue_width", (100.0, 200.0))
+    with pytest.raises(CalibrationError, match=r"calibration of host: issue_width measured .* "
+                                               r"outside 100\.\.200"):
+        mm.calibrate(Target.host(), seconds=0.0002, repeats=1)
+
+
 def test_an_unsteady_calibration_is_used_but_not_cached(tmp_path, monkeypatch,
                                                         synthetic_machine):
     monkeypatch.setenv("EQSCHED_CACHE_DIR", str(tmp_path))
