@@ -293,6 +293,20 @@ def _blocks_in(node: Node) -> list[Block]:
     return [node] if type(node) is Block else [b for b, _ in walk(node.body) if type(b) is Block]
 
 
+def parallel_nest(loop: Loop) -> tuple[Loop, ...]:
+    """The parallel loops a root parallel `loop` shares among threads as one: it and each
+    parallel loop that is the only statement of the one before (their steps' product is
+    shared out, as OpenMP's collapse). Empty for a loop that is not parallel."""
+    nest: list[Loop] = []
+    node: Node = loop
+    while isinstance(node, Loop) and node.kind == LoopKind.PARALLEL:
+        nest.append(node)
+        if len(node.body) != 1:
+            break
+        node = node.body[0]
+    return tuple(nest)
+
+
 def walk(nodes: tuple[Node, ...],
          path: tuple[Node, ...] = ()) -> Iterator[tuple[Node, tuple[Node, ...]]]:
     """Pre-order walk yielding each node with the Loops/Allocs around it (outermost first)."""

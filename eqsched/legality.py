@@ -300,8 +300,11 @@ def _check_loop_kind(prog: Program, lp: Loop, path: tuple, where: dict[str, Site
     if lp.kind == LoopKind.UNROLL and lp.extent > MAX_UNROLL:
         raise ScheduleError(f"unrolled loop {lp.name} has extent {lp.extent} > {MAX_UNROLL}")
     if lp.kind == LoopKind.PARALLEL:
-        if path:
-            raise ScheduleError(f"parallel loop {lp.name} is not at the root of the program")
+        # Perfectly nested parallel loops at the root share their steps' product (a collapse).
+        if any(not isinstance(outer, Loop) or outer.kind != LoopKind.PARALLEL
+               or len(outer.body) != 1 for outer in path):
+            raise ScheduleError(f"parallel loop {lp.name} is not at the root of the program "
+                                "nor the only statement of a parallel loop there")
         for blk in under:
             bound = loop_binding(blk, lp.name)
             if bound is None:

@@ -200,6 +200,8 @@ class Schedule:
         self._annotate("unroll", loop, LoopKind.UNROLL)
 
     def parallel(self, loop: str) -> None:
+        """Share `loop`'s steps among threads: a root loop, or the only statement of a
+        parallel loop (the nest's steps are then shared as one, `ir.parallel_nest`)."""
         self._annotate("parallel", loop, LoopKind.PARALLEL)
 
     def _annotate(self, op: str, loop: str, kind: LoopKind) -> None:

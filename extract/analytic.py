@@ -72,6 +72,7 @@ See docs/ARCHITECTURE.md §8 Cost models.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -83,7 +84,7 @@ from eqsched.affine import AffineError
 from eqsched.backend.lower import body_copies, tail_pieces
 from eqsched.backend.transpose import TransposingCopy, transposing_copy
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
-from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, walk
+from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest, walk
 from eqsched.legality import loop_binding
 from eqsched.machine_model import MachineModel, machine_model
 
@@ -232,11 +233,12 @@ class AnalyticModel(CostModel):
         columns in two steps of 32: one core runs 32 of them, not half)."""
         if not isinstance(root, Loop) or root.kind != LoopKind.PARALLEL:
             return 1.0
-        weights = _step_points(root)
-        loads = [0.0] * min(self.threads, len(weights))
-        for weight in sorted(weights, reverse=True):
-            loads[loads.index(min(loads))] += weight
-        return max(loads) / sum(weights)
+        counts = _step_points(root)
+        loads = [0.0] * min(self.threads, sum(counts.values()))
+        for weight in sorted(counts, reverse=True):  # heaviest first, each to the least loaded
+            rounds, extra = divmod(counts[weight], len(loads))
+            loads = [load + weight * (rounds + (n < extra)) for n, load in enumerate(sorted(loads))]
+        return max(loads) / sum(weight * n for weight, n in counts.items())
 
     def _profile(self, prog: Program, blk: Block, loops: tuple[Loop, ...],
                  in_registers: frozenset[str]) -> _Profile:
@@ -269,19 +271,39 @@ def _sites(prog: Program) -> dict[str, tuple[Block, tuple[Loop, ...]]]:
     return out
 
 
-def _step_points(root: Loop) -> list[float]:
-    """Points of the main block under `root` (its reduction, else its first block) each step
-    of `root` covers: a step past the end of the loop's axis covers fewer (the remainder),
-    or none. Equal steps when no block binds the loop to an axis."""
+def _step_points(root: Loop) -> dict[float, int]:
+    """How many steps of `root` (of its parallel nest's steps counted as one) cover each
+    number of points of the main block under it (its reduction, else its first block): a step
+    past the end of a loop's axis covers fewer (the remainder), or none. Equal steps when no
+    block binds a loop of the nest to an axis."""
+    nest = parallel_nest(root) or (root,)
+    steps = math.prod(lp.extent for lp in nest)
     blocks = [n for n, _ in walk(root.body) if isinstance(n, Block)]
-    bound = [(blk, binding) for blk in blocks
-             if (binding := loop_binding(blk, root.name)) is not None]
+    bound = [blk for blk in blocks if any(loop_binding(blk, lp.name) for lp in nest)]
     if not bound:
-        return [1.0] * root.extent
-    blk, (axis, stride) = next(((b, bd) for b, bd in bound if b.reduce is not None), bound[0])
-    rest = blk.axis(axis).extent - blk.binding(axis).offset
-    points = [max(0, min(stride, rest - step * stride)) for step in range(root.extent)]
-    return [float(p) for p in points] if sum(points) else [1.0] * root.extent
+        return {1.0: steps}
+    blk = next((b for b in bound if b.reduce is not None), bound[0])
+    pieces: dict[str, list[tuple[Loop, int]]] = defaultdict(list)  # axis: (loop, stride)
+    for lp in nest:
+        binding = loop_binding(blk, lp.name)
+        if binding is not None:
+            pieces[binding[0]].append((lp, binding[1]))
+    counts: dict[int, int] = {1: steps // math.prod(lp.extent for ps in pieces.values()
+                                                    for lp, _ in ps)}
+    for axis, axis_pieces in pieces.items():  # the axes vary independently
+        rest = blk.axis(axis).extent - blk.binding(axis).offset
+        inside = min(stride for _, stride in axis_pieces)
+        covered: dict[int, int] = defaultdict(int)
+        for values in itertools.product(*(range(lp.extent) for lp, _ in axis_pieces)):
+            left = rest - sum(value * stride for value, (_, stride) in zip(values, axis_pieces))
+            covered[max(0, min(inside, left))] += 1
+        combined: dict[int, int] = defaultdict(int)
+        for (a, m), (c, n) in itertools.product(counts.items(), covered.items()):
+            combined[a * c] += m * n
+        counts = combined
+    if not any(points for points in counts if counts[points]):
+        return {1.0: steps}
+    return {float(points): n for points, n in counts.items()}
 
 
 def _blocks_under(node: Node) -> list[str]:

@@ -73,6 +73,7 @@ PREDICTION_BATCH = 32  # programs predicted between two calls of wait_turn
 STALE_GENERATIONS, MIN_GAIN = 2, 0.01
 TILE_CUTS = (1, 2, 4)  # a register-tiled twin's longest unrolled piece: kept, halved, quartered
 MAX_TILE_ROWS = 8  # a reshaped register tile takes in a loop of at most this many steps
+COLLAPSE_TRIES = 3  # loops a parallel twin tries to run in parallel with an unbalanced root loop
 CROSSOVER_SHARE = 0.25  # of each generation's children; the rest are mutants
 # Of fresh draws, the share whose groups all take exact factorizations (MetaSchedule's perfect
 # tiles), and of re-sized groups, the share drawn among those: remainder tiles outnumber them
@@ -408,17 +409,53 @@ class EvolutionarySearch:
 
     def _parallel_forms(self, stmt: Stmt, sizes: Sizes) -> Iterator[Stmt]:
         """A root statement's parallel forms that can keep `threads` cores busy: its loop made
-        parallel, or the loop a one-iteration loop holds alone, moved out and made parallel."""
-        if not isinstance(stmt, PieceLoop) or stmt.kind == LoopKind.PARALLEL.value:
+        parallel (when its steps do not divide among the threads, first with a loop of its
+        perfect nest moved right under it and run in parallel with it: `_collapsed`), or the
+        loop a one-iteration loop holds alone, moved out and made parallel."""
+        if not isinstance(stmt, PieceLoop):
             return
         parallel = LoopKind.PARALLEL.value
-        if sizes[stmt.group, stmt.path] >= self.threads:
+        steps = sizes[stmt.group, stmt.path]
+        if steps >= self.threads and steps % self.threads and not isinstance(stmt, RfactorLoop):
+            inner = stmt.body[0] if len(stmt.body) == 1 else None
+            if not (isinstance(inner, PieceLoop) and inner.kind == parallel):
+                yield from self._collapsed(dataclasses.replace(stmt, kind=parallel), sizes)
+        if stmt.kind == parallel:
+            return
+        if steps >= self.threads:
             yield dataclasses.replace(stmt, kind=parallel)
-        elif sizes[stmt.group, stmt.path] == 1 and len(stmt.body) == 1:
+        elif steps == 1 and len(stmt.body) == 1:
             inner = stmt.body[0]
             if isinstance(inner, PieceLoop) and sizes[inner.group, inner.path] >= self.threads:
                 yield dataclasses.replace(inner, kind=parallel,
                                           body=(dataclasses.replace(stmt, body=inner.body),))
+
+    def _collapsed(self, root: PieceLoop, sizes: Sizes) -> Iterator[PieceLoop]:
+        """`root` with a loop of the chain of single loops under it moved up past the chain's
+        other loops of extent > 1 and made parallel, with the one-step loops above it: the
+        threads then share the steps' product. First the loops whose product with `root`'s
+        steps divides among the threads, each in chain order; at most `COLLAPSE_TRIES`."""
+        chain: list[PieceLoop] = []
+        node = root
+        while len(node.body) == 1 and isinstance(node.body[0], PieceLoop) \
+                and not isinstance(node.body[0], RfactorLoop):
+            node = node.body[0]
+            chain.append(node)
+        one_step = next((n for n, lp in enumerate(chain) if sizes[lp.group, lp.path] > 1),
+                        len(chain))
+        steps = sizes[root.group, root.path]
+        movable = [n for n, lp in enumerate(chain)
+                   if lp.kind == LoopKind.SERIAL.value and sizes[lp.group, lp.path] > 1]
+        movable.sort(key=lambda n: steps * sizes[chain[n].group, chain[n].path] % self.threads != 0)
+        parallel = LoopKind.PARALLEL.value
+        for n in movable[:COLLAPSE_TRIES]:
+            order = chain[:one_step] + [chain[n]] + [lp for m, lp in enumerate(chain)
+                                                     if m >= one_step and m != n]
+            body = chain[-1].body
+            for depth, lp in reversed(list(enumerate(order))):
+                kind = parallel if depth <= one_step else lp.kind
+                body = (dataclasses.replace(lp, kind=kind, body=body),)
+            yield dataclasses.replace(root, body=body)
 
     def _vector_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
         """Each parent's `vectorized` twin (made once a round, as the parallel twins)."""
@@ -537,9 +574,10 @@ class EvolutionarySearch:
                     term = dataclasses.replace(cand.term, body=body)
                     if self.space.contains(term, cand.sizes):
                         twin = self._grow(self.space.picks_for(term), cand.assignment)
-                        # Re-sized (over the unrolling limit): not the tile it was meant to be.
+                        # Re-sized or demoted (over the unrolling limit): not the tile it
+                        # was meant to be.
                         if twin is not None and twin.sizes == cand.sizes \
-                                and twin.hash != cand.hash:
+                                and twin.term == term and twin.hash != cand.hash:
                             twins.append(twin)
                         break
         return twins

@@ -34,6 +34,13 @@ class Parallel(Rule):
 
     Not when y is a local tile: the loop around it stays its anchor, as in `reorder`.
 
+    A parallel loop's only statement, a loop, may run in parallel with it: the threads share
+    the nest's steps counted as one (OpenMP's collapse), so 11 steps of six rows and 4 of
+    fourteen become 44 to share, not 11 (six for one core, five for the other):
+
+        loop(Y.k, "0/4", parallel, [loop(Y.p, "1/4", serial, y)])
+          -> loop(Y.k, "0/4", parallel, [loop(Y.p, "1/4", parallel, y)])
+
     An rfactor loop (`rules/rfactor.py`) runs in parallel too: each iteration writes partials
     of its own.
 
@@ -54,6 +61,12 @@ class Parallel(Rule):
             out.append(rewrite(Root.rcons(loop(gr, p, serial, b), rest))
                        .to(Root.rcons(loop(gr, p, parallel, b), rest),
                            *((spatial(b, gr),) if group in reducing else ())))
+            # A parallel loop is only ever at the root or the only statement of another (no
+            # rule moves one), so this rewrite of the loop, not of the root list, keeps it so.
+            out.append(
+                rewrite(loop(g, p, parallel, Body.cons(loop(gr, q, serial, y), Body.nil())))
+                .to(loop(g, p, parallel, Body.cons(loop(gr, q, parallel, y), Body.nil())),
+                    *((spatial(y, gr),) if group in reducing else ())))
             if facts.extents[group] == 1:
                 continue
             for unit_group in units:

@@ -334,6 +334,24 @@ def test_a_parallel_loop_over_a_remainder_runs_as_long_as_its_fullest_step(avx51
         assert one._share(update) == 1.0
 
 
+def test_a_collapsed_parallel_nest_shares_its_steps_product(avx512):
+    # 64 rows in 11 steps of 6 (the last has 4): one core runs 6 steps, 34 rows. Collapsed
+    # with 4 steps of 14 columns, 44 steps go to the two cores evenly.
+    sch = Schedule(naive_program(get_workload("matmul").build(64, 56, 32)))
+    sch.split("C.i", [-1, 6])
+    sch.split("C.j", [-1, 14])
+    sch.reorder("C.i.0", "C.j.0", "C.i.1", "C.k", "C.j.1")
+    sch.parallel("C.i.0")
+    alone = sch.program.body[-1]
+    sch.parallel("C.j.0")
+    collapsed = sch.program.body[-1]
+    two = AnalyticModel(avx512, threads=2)
+    assert two._share(alone) == pytest.approx(34 / 64)
+    assert two._share(collapsed) == pytest.approx(1 / 2)
+    assert AnalyticModel(avx512, threads=3)._share(collapsed) == pytest.approx(
+        (14 * 6 * 14 + 4 * 14) / (64 * 56))  # 15 of the 44 steps, the one of 4 rows among them
+
+
 def parallel_stream(n=1 << 24):
     """An elementwise chain over 64 MiB per array, each stage vectorized and split in 16
     parallel chunks: DRAM-bound."""

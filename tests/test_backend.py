@@ -573,6 +573,27 @@ def test_parallel_loop_below_the_root_is_refused():
         compile_program(bad)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_a_collapsed_parallel_nest_with_remainders_shares_every_step_once(threads):
+    # Rows in 16 steps of 4 (61: the last has one), columns in 10 of 3 (29: the last has two),
+    # under a one-step loop: 160 steps counted as one, which three or five threads claim in
+    # chunks (of 6, of 4) that cut across rows.
+    comp = matmul(61, 29, 7)
+    sch = Schedule(naive_program(comp))
+    sch.split("C.i", [-1, 1, 4])
+    sch.split("C.j", [-1, 3])
+    sch.reorder("C.i.0", "C.i.1", "C.j.0", "C.i.2", "C.k", "C.j.1")
+    sch.fuse("C.init", "C.j.0")
+    for loop in ("C.i.0", "C.i.1", "C.j.0"):
+        sch.parallel(loop)
+    kernel = compile_program(sch.program, CompileOptions(threads=threads))
+    assert kernel.info["segments"] == 1
+    assert [seg.parallel_extent for seg in lower(sch.program, "", "")[1]] == [16 * 1 * 10]
+    inputs = random_inputs(comp, seed=1)
+    ok, _, msg = compare(kernel.run(inputs), reference(comp, inputs), tolerance(comp))
+    assert ok, msg
+
+
 # ---- illegal vectorization ----------------------------------------------------------------------
 
 

@@ -220,22 +220,36 @@ def conv():
 
 
 @pytest.mark.parametrize("space", ["chain", "conv"])
-def test_parallel_only_at_the_root_and_never_over_a_reduction(space, request):
+def test_parallel_only_at_the_root_or_alone_in_a_parallel_loop_never_over_a_reduction(space,
+                                                                                     request):
     sat = request.getfixturevalue(space)
     g = Graph(sat)
     facts = facts_of(sat.naive)
-    parents = {}
-    for members in g.nodes.values():
+    parents = {}  # class: the (op, its class, its other children) of each node holding it
+    for owner, members in g.nodes.items():
         for op, _, kids in members:
-            for kid in kids:
-                parents.setdefault(kid, set()).add(op)
-    parallel = [(c, lit) for c, members in g.nodes.items() for op, lit, _ in members
-                if op == "loop" and lit[2] == "parallel"]
+            for n, kid in enumerate(kids):
+                parents.setdefault(kid, []).append((op, owner, kids[:n] + kids[n + 1:]))
+    parallel = {c for c, members in g.nodes.items() for op, lit, _ in members
+                if op == "loop" and lit[2] == "parallel"}
+    nil = {c for c, members in g.nodes.items() for op, _, _ in members if op == "Body.nil"}
+
+    def parallel_body(cls):  # the class is the body of parallel loops only
+        return all(op == "loop" and owner in parallel for op, owner, _ in parents[cls])
+
     assert parallel
-    for cls, (group, _, _) in parallel:
-        assert parents[cls] == {"Root.rcons"}
-        body = next(kids[0] for op, lit, kids in g.nodes[cls] if lit[2] == "parallel")
-        assert not any(group in facts.reduce_groups[b] for b in g.reach(body)[0])
+    collapsed = 0
+    for cls in parallel:
+        for op, owner, others in parents[cls]:
+            if op == "Body.cons":  # the only statement of a parallel loop's body
+                assert others[0] in nil and parallel_body(owner)
+                collapsed += 1
+            else:
+                assert op == "Root.rcons"
+        for op, lit, kids in g.nodes[cls]:
+            if op == "loop" and lit[2] == "parallel":
+                assert not any(lit[0] in facts.reduce_groups[b] for b in g.reach(kids[0])[0])
+    assert collapsed
 
 
 def test_a_batch_of_one_shares_the_loop_below_it_among_threads(conv):

@@ -7,7 +7,7 @@ import pytest
 
 from eqsched.backend import compile_program
 from eqsched.interp import run_program
-from eqsched.ir import LoopKind, Program, naive_program
+from eqsched.ir import LoopKind, Program, naive_program, parallel_nest
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.schedule import Schedule, ScheduleError, load_trace, save_trace
 from eqsched.te import Computation, compute, placeholder
@@ -282,6 +282,24 @@ def test_unroll_is_limited_and_parallel_needs_a_root_spatial_loop():
     sch.reorder("C.k", "C.i")
     with pytest.raises(ScheduleError, match="parallel loop C.k binds reduce axis k"):
         sch.parallel("C.k")
+
+
+def test_a_parallel_loop_alone_in_a_parallel_loop_shares_its_steps_with_it():
+    comp, sch = build("matmul", 16, 96, 8)
+    sch.split("C.j", [-1, 16])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.parallel("C.i")
+    sch.parallel("C.j.0")
+    assert [lp.name for lp in parallel_nest(sch.program.body[-1])] == ["C.i", "C.j.0"]
+    assert_computes(sch.program, comp)
+    with pytest.raises(ScheduleError, match="parallel loop C.k binds reduce axis k"):
+        sch.fork().parallel("C.k")
+    with pytest.raises(ScheduleError, match="parallel loop C.j.1 is not at the root of the "
+                                            "program nor the only statement of a parallel loop"):
+        sch.fork().parallel("C.j.1")  # under the serial C.k
+    fused = sch.fork()
+    fused.reorder("C.j.0", "C.i")  # C.j.0 outermost, C.i under it: both still parallel
+    assert [lp.name for lp in parallel_nest(fused.program.body[-1])] == ["C.j.0", "C.i"]
 
 
 # ---- cache_write and pack -----------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Lowering a loop program to LLVM IR: one function per run of root nodes.
 
 Consecutive non-parallel root nodes become one function `(ptr buffers...)`; a parallel root loop
-becomes a chunk function `(ptr buffers..., i64 lo, i64 hi)` over part of its range, and its packed
-entry `(ptr args, i64 lo, i64 hi)`, which loads the buffers from an array: what the threads of a
-`team` call. Buffers are passed in `Program.params` order.
+becomes a chunk function `(ptr buffers..., i64 lo, i64 hi)` over part of its range (of its
+`parallel_nest`'s steps, counted as one), and its packed entry `(ptr args, i64 lo, i64 hi)`,
+which loads the buffers from an array: what the threads of a `team` call. Buffers are passed in
+`Program.params` order.
 
 Serial loops become counted loops, unrolled loops repeat their body with the variable a constant,
 and a vectorized loop emits its body once on `<L x float>` values (`indexing` says how each access
@@ -15,13 +16,14 @@ See docs/ARCHITECTURE.md §7 Backend and target.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from ..expr import BinOp, Call, Const, Expr, Load, Select
-from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope
+from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest
 from ..legality import loop_binding
 from .errors import BackendError
 from .indexing import LANES, Indexer
@@ -81,7 +83,8 @@ def lower(prog: Program, triple: str, data_layout: str, register_lanes: int = 16
             name = f"seg{len(segments)}"
             emitter = _FunctionEmitter(module, prog, name, True, register_lanes, most_copies)
             emitter.emit_chunk(node)
-            segments.append(Segment(name, node.extent, k in preparation))
+            extent = math.prod(lp.extent for lp in parallel_nest(node))
+            segments.append(Segment(name, extent, k in preparation))
             _packed_entry(module, emitter.fn, segments[-1].packed)
         elif k in preparation:  # a function of its own, which a bound kernel runs once
             flush()
@@ -119,6 +122,9 @@ class _FunctionEmitter:
         self.unpartitioned = 0  # > 0 inside a tail too big to peel: blocks are guarded instead
         self.tail: ir.Constant | None = None  # the active lanes of a tail vector (_vectorized)
         self.tail_lanes = 0  # how many
+        # A parallel loop under a parallel loop: (the outer loop, the chunk [lo, hi) of their
+        # steps counted as one, its steps per step of the outer loop).
+        self.collapsed: dict[str, tuple[str, ir.Value, ir.Value, int]] = {}
 
     # ---- structure --------------------------------------------------------------------------
 
@@ -128,9 +134,21 @@ class _FunctionEmitter:
 
     def emit_chunk(self, loop: Loop) -> None:
         lo, hi = self.fn.args[-2:]
-        if self._transposing_copy(loop, (lo, hi)):
-            self.b.ret_void()
-            return
+        if len(parallel_nest(loop)) > 1 or not self._transposing_copy(loop, (lo, hi)):
+            self._chunk(loop, lo, hi)
+        self.b.ret_void()
+
+    def _chunk(self, loop: Loop, lo: ir.Value, hi: ir.Value) -> None:
+        """The steps [lo, hi) of `loop`'s parallel nest, counted as one: of a nest of several
+        loops, the steps of `loop` that hold part of that range, and in each the range's part
+        for the loop inside (`_collapsed`)."""
+        nest = parallel_nest(loop)
+        if len(nest) > 1:
+            b = self.b
+            per_step = math.prod(lp.extent for lp in nest[1:])
+            self.collapsed[nest[1].name] = (loop.name, lo, hi, per_step)
+            step = ir.Constant(I64, per_step)
+            lo, hi = b.udiv(lo, step), b.udiv(b.add(hi, ir.Constant(I64, per_step - 1)), step)
         full, reach = self._span(loop)
         if full == loop.extent:
             self._counted_loop(loop, lo, hi)
@@ -145,7 +163,22 @@ class _FunctionEmitter:
             inside = b.and_(b.icmp_signed("<", lo, last), b.icmp_signed(">", hi, first))
             with b.if_then(inside):
                 self._tail(loop, full, reach, (lo, hi))
-        self.b.ret_void()
+
+    def _collapsed(self, loop: Loop) -> None:
+        """A parallel loop under a parallel loop: at this step of the outer one, its part of
+        the chunk the two share."""
+        outer, lo, hi, per_step = self.collapsed[loop.name]
+        b, step = self.b, ir.Constant(I64, per_step)
+        at = self.ix.env[outer]
+        base = b.mul(at if isinstance(at, ir.Value) else ir.Constant(I64, at), step)
+        zero = ir.Constant(I64, 0)
+
+        def clamped(value: ir.Value) -> ir.Value:
+            value = b.sub(value, base)
+            value = b.select(b.icmp_signed("<", value, zero), zero, value)
+            return b.select(b.icmp_signed(">", value, step), step, value)
+
+        self._chunk(loop, clamped(lo), clamped(hi))
 
     def _nodes(self, nodes: tuple[Node, ...]) -> None:
         for n in nodes:
@@ -158,10 +191,13 @@ class _FunctionEmitter:
 
     def _loop(self, loop: Loop) -> None:
         if loop.kind == LoopKind.PARALLEL:
-            raise BackendError(
-                f"parallel loop {loop.name} is not at the root of the program; only root loops "
-                "can be run in parallel"
-            )
+            if loop.name not in self.collapsed:
+                raise BackendError(
+                    f"parallel loop {loop.name} is not at the root of the program nor the only "
+                    "statement of a parallel loop there; only those can be run in parallel"
+                )
+            self._collapsed(loop)
+            return
         if not self.ix.env and self._transposing_copy(
                 loop, (ir.Constant(I64, 0), ir.Constant(I64, loop.extent))):
             return
