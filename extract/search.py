@@ -409,53 +409,73 @@ class EvolutionarySearch:
 
     def _parallel_forms(self, stmt: Stmt, sizes: Sizes) -> Iterator[Stmt]:
         """A root statement's parallel forms that can keep `threads` cores busy: its loop made
-        parallel (when its steps do not divide among the threads, first with a loop of its
-        perfect nest moved right under it and run in parallel with it: `_collapsed`), or the
-        loop a one-iteration loop holds alone, moved out and made parallel."""
+        parallel (when its steps do not divide among the threads, first run in parallel with
+        loops of its perfect nest: `_collapsed`), or the loop a one-iteration loop holds alone,
+        moved out and made parallel."""
         if not isinstance(stmt, PieceLoop):
             return
         parallel = LoopKind.PARALLEL.value
         steps = sizes[stmt.group, stmt.path]
-        if steps >= self.threads and steps % self.threads and not isinstance(stmt, RfactorLoop):
-            inner = stmt.body[0] if len(stmt.body) == 1 else None
-            if not (isinstance(inner, PieceLoop) and inner.kind == parallel):
-                yield from self._collapsed(dataclasses.replace(stmt, kind=parallel), sizes)
-        if stmt.kind == parallel:
+        inner = stmt.body[0] if len(stmt.body) == 1 else None
+        plain = []  # the loop made parallel, or the one a one-step loop holds moved out so
+        if stmt.kind != parallel and steps >= self.threads:
+            plain.append((steps, dataclasses.replace(stmt, kind=parallel)))
+        elif stmt.kind != parallel and steps == 1 and isinstance(inner, PieceLoop) \
+                and sizes[inner.group, inner.path] >= self.threads:
+            plain.append((sizes[inner.group, inner.path], dataclasses.replace(
+                inner, kind=parallel, body=(dataclasses.replace(stmt, body=inner.body),))))
+        if plain and plain[0][0] % self.threads == 0:
+            yield plain[0][1]
             return
-        if steps >= self.threads:
-            yield dataclasses.replace(stmt, kind=parallel)
-        elif steps == 1 and len(stmt.body) == 1:
-            inner = stmt.body[0]
-            if isinstance(inner, PieceLoop) and sizes[inner.group, inner.path] >= self.threads:
-                yield dataclasses.replace(inner, kind=parallel,
-                                          body=(dataclasses.replace(stmt, body=inner.body),))
+        if steps % self.threads and not isinstance(stmt, RfactorLoop) \
+                and not (isinstance(inner, PieceLoop) and inner.kind == parallel):
+            yield from self._collapsed(stmt, sizes)
+        for _, form in plain:
+            yield form
 
     def _collapsed(self, root: PieceLoop, sizes: Sizes) -> Iterator[PieceLoop]:
-        """`root` with a loop of the chain of single loops under it moved up past the chain's
-        other loops of extent > 1 and made parallel, with the one-step loops above it: the
-        threads then share the steps' product. First the loops whose product with `root`'s
-        steps divides among the threads, each in chain order; at most `COLLAPSE_TRIES`."""
+        """`root` run in parallel with the loops of the chain of single loops under it down to
+        the first of more than one step (that one too if `root` has one step), or further with
+        a loop of the chain moved up to just under those: the threads then share the steps'
+        product. Loops whose product divides among the threads first, each in chain order, at
+        most `COLLAPSE_TRIES` moved."""
         chain: list[PieceLoop] = []
         node = root
         while len(node.body) == 1 and isinstance(node.body[0], PieceLoop) \
                 and not isinstance(node.body[0], RfactorLoop):
             node = node.body[0]
             chain.append(node)
-        one_step = next((n for n, lp in enumerate(chain) if sizes[lp.group, lp.path] > 1),
-                        len(chain))
+        rolled = (LoopKind.SERIAL.value, LoopKind.UNROLL.value)
+        top = next((n for n, lp in enumerate(chain) if sizes[lp.group, lp.path] > 1),
+                   len(chain))
         steps = sizes[root.group, root.path]
-        movable = [n for n, lp in enumerate(chain)
-                   if lp.kind == LoopKind.SERIAL.value and sizes[lp.group, lp.path] > 1]
-        movable.sort(key=lambda n: steps * sizes[chain[n].group, chain[n].path] % self.threads != 0)
-        parallel = LoopKind.PARALLEL.value
-        for n in movable[:COLLAPSE_TRIES]:
-            order = chain[:one_step] + [chain[n]] + [lp for m, lp in enumerate(chain)
-                                                     if m >= one_step and m != n]
-            body = chain[-1].body
-            for depth, lp in reversed(list(enumerate(order))):
-                kind = parallel if depth <= one_step else lp.kind
-                body = (dataclasses.replace(lp, kind=kind, body=body),)
-            yield dataclasses.replace(root, body=body)
+        if steps < self.threads and top < len(chain) and chain[top].kind in rolled:
+            steps *= sizes[chain[top].group, chain[top].path]
+            top += 1
+            if steps % self.threads == 0:
+                yield self._parallel_prefix(root, chain, top)
+        if any(lp.kind not in rolled for lp in chain[:top]):
+            return
+
+        def divides(n: int) -> bool:
+            return steps * sizes[chain[n].group, chain[n].path] % self.threads == 0
+
+        movable = [n for n in range(top, len(chain))
+                   if chain[n].kind == LoopKind.SERIAL.value
+                   and sizes[chain[n].group, chain[n].path] > 1]
+        for n in sorted(movable, key=lambda n: not divides(n))[:COLLAPSE_TRIES]:
+            order = chain[:top] + [chain[n]] + [lp for m, lp in enumerate(chain)
+                                                if m >= top and m != n]
+            yield self._parallel_prefix(root, order, top + 1)
+
+    @staticmethod
+    def _parallel_prefix(root: PieceLoop, chain: list[PieceLoop], depth: int) -> PieceLoop:
+        """`root` holding `chain` (nested in that order), its first `depth` loops parallel."""
+        body = chain[-1].body
+        for n, lp in reversed(list(enumerate(chain))):
+            body = (dataclasses.replace(lp, body=body,
+                                        kind=LoopKind.PARALLEL.value if n < depth else lp.kind),)
+        return dataclasses.replace(root, kind=LoopKind.PARALLEL.value, body=body)
 
     def _vector_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
         """Each parent's `vectorized` twin (made once a round, as the parallel twins)."""
