@@ -301,7 +301,7 @@ def _step_points(root: Loop) -> dict[float, int]:
         for (a, m), (c, n) in itertools.product(counts.items(), covered.items()):
             combined[a * c] += m * n
         counts = combined
-    if not any(points for points in counts if counts[points]):
+    if not any(counts):  # no step covers a point
         return {1.0: steps}
     return {float(points): n for points, n in counts.items()}
 

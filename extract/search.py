@@ -417,21 +417,22 @@ class EvolutionarySearch:
         parallel = LoopKind.PARALLEL.value
         steps = sizes[stmt.group, stmt.path]
         inner = stmt.body[0] if len(stmt.body) == 1 else None
-        plain = []  # the loop made parallel, or the one a one-step loop holds moved out so
+        # (steps, form): the loop made parallel, or the one a one-step loop holds moved out so
+        plain: tuple[int, Stmt] | None = None
         if stmt.kind != parallel and steps >= self.threads:
-            plain.append((steps, dataclasses.replace(stmt, kind=parallel)))
+            plain = steps, dataclasses.replace(stmt, kind=parallel)
         elif stmt.kind != parallel and steps == 1 and isinstance(inner, PieceLoop) \
                 and sizes[inner.group, inner.path] >= self.threads:
-            plain.append((sizes[inner.group, inner.path], dataclasses.replace(
-                inner, kind=parallel, body=(dataclasses.replace(stmt, body=inner.body),))))
-        if plain and plain[0][0] % self.threads == 0:
-            yield plain[0][1]
+            plain = sizes[inner.group, inner.path], dataclasses.replace(
+                inner, kind=parallel, body=(dataclasses.replace(stmt, body=inner.body),))
+        if plain is not None and plain[0] % self.threads == 0:
+            yield plain[1]
             return
         if steps % self.threads and not isinstance(stmt, RfactorLoop) \
                 and not (isinstance(inner, PieceLoop) and inner.kind == parallel):
             yield from self._collapsed(stmt, sizes)
-        for _, form in plain:
-            yield form
+        if plain is not None:
+            yield plain[1]
 
     def _collapsed(self, root: PieceLoop, sizes: Sizes) -> Iterator[PieceLoop]:
         """`root` run in parallel with the loops of the chain of single loops under it down to
@@ -439,12 +440,7 @@ class EvolutionarySearch:
         a loop of the chain moved up to just under those: the threads then share the steps'
         product. Loops whose product divides among the threads first, each in chain order, at
         most `COLLAPSE_TRIES` moved."""
-        chain: list[PieceLoop] = []
-        node = root
-        while len(node.body) == 1 and isinstance(node.body[0], PieceLoop) \
-                and not isinstance(node.body[0], RfactorLoop):
-            node = node.body[0]
-            chain.append(node)
+        chain = _single_loops_under(root)
         rolled = (LoopKind.SERIAL.value, LoopKind.UNROLL.value)
         top = next((n for n, lp in enumerate(chain) if sizes[lp.group, lp.path] > 1),
                    len(chain))
@@ -471,11 +467,10 @@ class EvolutionarySearch:
     @staticmethod
     def _parallel_prefix(root: PieceLoop, chain: list[PieceLoop], depth: int) -> PieceLoop:
         """`root` holding `chain` (nested in that order), its first `depth` loops parallel."""
-        body = chain[-1].body
-        for n, lp in reversed(list(enumerate(chain))):
-            body = (dataclasses.replace(lp, body=body,
-                                        kind=LoopKind.PARALLEL.value if n < depth else lp.kind),)
-        return dataclasses.replace(root, kind=LoopKind.PARALLEL.value, body=body)
+        parallel = LoopKind.PARALLEL.value
+        loops = [dataclasses.replace(lp, kind=parallel) if n < depth else lp
+                 for n, lp in enumerate(chain)]
+        return dataclasses.replace(root, kind=parallel, body=(_nest(loops, chain[-1].body),))
 
     def _vector_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
         """Each parent's `vectorized` twin (made once a round, as the parallel twins)."""
@@ -889,11 +884,8 @@ def _reshaped_nests(stmt: Stmt, loop: PieceLoop, sizes: Sizes) -> Iterator[list[
         if not (_plain(outer) and len(outer.body) == 1):
             break
         above.append(outer)
-    tile: list[PieceLoop] = []  # the perfect nest under `loop`, outermost first
-    node = loop
-    while len(node.body) == 1 and _plain(node.body[0]):
-        node = node.body[0]
-        tile.append(node)
+    tile = _single_loops_under(loop)  # the perfect nest under `loop`, outermost first
+    node = tile[-1] if tile else loop
     vector_groups = {t.group for t in tile if t.kind == LoopKind.VECTOR.value}
     head = above[-1] if above else loop
     outer_order = above[::-1]
@@ -916,6 +908,17 @@ def _reshaped_nests(stmt: Stmt, loop: PieceLoop, sizes: Sizes) -> Iterator[list[
 def _plain(node: Stmt) -> bool:
     """A piece loop that a reorder may move (not one a reduction is factored along)."""
     return isinstance(node, PieceLoop) and not isinstance(node, RfactorLoop)
+
+
+def _single_loops_under(loop: PieceLoop) -> list[PieceLoop]:
+    """The chain of loops under `loop`, each the only statement of the one before, outermost
+    first, down to the first that is not a plain piece loop."""
+    chain: list[PieceLoop] = []
+    node = loop
+    while len(node.body) == 1 and _plain(node.body[0]):
+        node = node.body[0]
+        chain.append(node)
+    return chain
 
 
 def _nest(loops: list[PieceLoop], body: tuple[Stmt, ...]) -> Stmt:

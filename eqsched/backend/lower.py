@@ -134,7 +134,7 @@ class _FunctionEmitter:
 
     def emit_chunk(self, loop: Loop) -> None:
         lo, hi = self.fn.args[-2:]
-        if len(parallel_nest(loop)) > 1 or not self._transposing_copy(loop, (lo, hi)):
+        if not self._transposing_copy(loop, (lo, hi)):  # a collapsed nest never is one
             self._chunk(loop, lo, hi)
         self.b.ret_void()
 
