@@ -2,10 +2,11 @@
 
 egglog queries have no negation, so "no block in this body reduces over g" is built bottom-up as a
 positive fact: nil has it for every group, a block has it unless g is one of its reduce groups, a
-loop or cached statement passes up its body's facts, and cons has it when head and tail do. Facts
-about the blocks a body holds (`holds`, `spatial`, `only`) are the same for every member of an
-e-class (no rewrite adds or drops a block), so guards built on them are exact. Facts about
-nesting (`uncached`, `reg_tile`) can differ between members of a class; see each rule.
+loop (not a parallel one: `not_parallel`) or cached statement passes up its body's facts, and cons
+has it when head and tail do. Facts about the blocks a body holds (`holds`, `spatial`, `only`) are
+the same for every member of an e-class (no rewrite adds or drops a block), so guards built on them
+are exact. Facts about nesting (`uncached`, `reg_tile`) can differ between members of a class; see
+each rule.
 
 See docs/ARCHITECTURE.md §5 Rules.
 """
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 from math import isqrt
 
-from egglog import String, eq, relation, rule, var
+from egglog import String, eq, ne, relation, rule, var
 
-from eqsched.egraph.facts import Facts
+from eqsched.egraph.facts import Facts, partials_limit
 from eqsched.egraph.lang import Body, Kind, Root, SStmt, block, cached, loop
 from eqsched.egraph.term import VECTOR_LANES, remainder_tiles
 from eqsched.expr import Var, loads
@@ -136,6 +137,19 @@ def reduce_groups(facts: Facts) -> set[str]:
     return set().union(*facts.reduce_groups.values())
 
 
+def factorable(facts: Facts) -> list[tuple[str, str, str]]:
+    """(update block, its stage, reduce group): each group a sum or max reduces over where two
+    partials or more fit `schedule.MAX_PARTIAL_ELEMENTS` (`facts.partials_limit`): a row
+    statistic, a GEMV's vector; not a matmul's output, whose spatial loops give the threads
+    work enough."""
+    out = []
+    for name, blk in sorted(facts.blocks.items()):
+        if blk.reduce in ("sum", "max"):
+            out += [(name, blk.stage, group) for group in sorted(facts.reduce_groups[name])
+                    if partials_limit(facts, group) >= 2]
+    return out
+
+
 def guarded_stages(facts: Facts) -> list[str]:
     """Stages whose `only` facts a guard reads: reductions (cache_write) and inlinable ones."""
     reductions = {blk.stage for blk in facts.blocks.values() if blk.reduce is not None}
@@ -146,10 +160,31 @@ def eq_(lhs, rhs):
     return eq(lhs).to(rhs)
 
 
-def _pass_up(s_rel, rel, *args) -> list:
-    """A loop or cached statement has the fact of its body."""
+def not_parallel(kind):
+    """Guard of the rules that pass a fact up through a loop: not through a parallel one.
+
+    A parallel loop stands at the root, where its root list's class also holds the serial
+    form whose facts the guards read (`alone`, `inline`), or alone in a parallel loop
+    (`parallel`'s collapse), a class whose facts only rfactor's root rewrite reads, and only
+    three of them (`passes_to_rfactor`). The others, derived there, add rows to every relation
+    for each parallel variant and slow saturation without adding a program
+    (tests/test_rules.py, docs/ARCHITECTURE.md §17.2)."""
+    return ne(kind).to(Kind.parallel())
+
+
+def passes_to_rfactor(facts: Facts) -> bool:
+    """Whether `holds`, `unread` and `unfactored` pass up through parallel loops: where there is
+    a reduction to factor, rfactor's root rewrite reads them on a collapsed parallel nest's
+    body (factored after the collapse; factored first, the collapse's guard cannot see
+    through the factored lanes)."""
+    return bool(factorable(facts))
+
+
+def _pass_up(s_rel, rel, *args, parallel: bool = False) -> list:
+    """A loop (a parallel one too if `parallel`) or cached statement has the fact of its body."""
+    guards = () if parallel else (not_parallel(k),)
     return [
-        rule(eq_(s, loop(g, p, k, b)), rel(b, *args)).then(s_rel(s, *args)),
+        rule(eq_(s, loop(g, p, k, b)), rel(b, *args), *guards).then(s_rel(s, *args)),
         rule(eq_(s, cached(st, b)), rel(b, *args)).then(s_rel(s, *args)),
     ]
 
@@ -177,7 +212,7 @@ class Contains(Rule):
             rule(eq_(s, block(n))).then(s_holds(s, n)),
             rule(eq_(b, Body.cons(h, t)), s_holds(h, n)).then(holds(b, n)),
             rule(eq_(b, Body.cons(h, t)), holds(t, n)).then(holds(b, n)),
-        ] + _pass_up(s_holds, holds, a)
+        ] + _pass_up(s_holds, holds, a, parallel=passes_to_rfactor(facts))
 
 
 @register
@@ -246,7 +281,7 @@ class Nesting(Rule):
             rule(eq_(b, Body.cons(loop(g, p, Kind.unroll(), x), t)), reg_tile(x), reg_tile(t))
             .then(reg_tile(b)),
             rule(eq_(s, block(n))).then(s_uncached(s)),
-            rule(eq_(s, loop(g, p, k, x)), uncached(x)).then(s_uncached(s)),
+            rule(eq_(s, loop(g, p, k, x)), uncached(x), not_parallel(k)).then(s_uncached(s)),
             rule(eq_(b, Body.cons(h, t)), s_uncached(h), uncached(t)).then(uncached(b)),
         ]
 
@@ -316,7 +351,8 @@ class LocalTile(Rule):
                 continue
             stage = String(facts.stage_of[name])
             for group in sorted(set(facts.groups_of(name)) - facts.reduce_groups[name]):
-                out.append(rule(eq_(s, loop(String(group), p, k, b))).then(s_tiles(s, stage)))
+                out.append(rule(eq_(s, loop(String(group), p, k, b)), not_parallel(k))
+                           .then(s_tiles(s, stage)))
         return out + [
             rule(eq_(b, Body.cons(h, t)), s_tiles(h, st)).then(tiles(b, st)),
             rule(eq_(b, Body.cons(h, t)), tiles(t, st)).then(tiles(b, st)),
@@ -375,9 +411,10 @@ class Unfactored(Rule):
     growth = False
 
     def rewrites(self, facts: Facts) -> list:
+        guards = () if passes_to_rfactor(facts) else (not_parallel(k),)
         return [
             rule(eq_(s, block(n))).then(s_unfactored(s)),
-            rule(eq_(s, loop(g, p, k, b)), unfactored(b)).then(s_unfactored(s)),
+            rule(eq_(s, loop(g, p, k, b)), unfactored(b), *guards).then(s_unfactored(s)),
             rule(eq_(s, cached(st, b)), unfactored(b)).then(s_unfactored(s)),
         ] + _all_of(s_unfactored, unfactored)
 
@@ -399,7 +436,7 @@ class Unread(Rule):
             out += [rule(eq_(s, block(name))).then(s_unread(s, String(stage)))
                     for name, blk in facts.blocks.items()
                     if blk.stage == stage or stage not in {ld.buffer for ld in loads(blk.value)}]
-        return out + _pass_up(s_unread, unread, a)
+        return out + _pass_up(s_unread, unread, a, parallel=passes_to_rfactor(facts))
 
 
 @register
@@ -445,7 +482,7 @@ class Covers(Rule):
         out = []
         for group in sorted(reduce_groups(facts)):
             for path in ("", f"0/{levels(facts, group)}"):
-                out.append(rule(eq_(s, loop(String(group), String(path), k, b)))
+                out.append(rule(eq_(s, loop(String(group), String(path), k, b)), not_parallel(k))
                            .then(s_covers(s, String(group))))
         return out + [
             rule(eq_(b, Body.cons(h, t)), s_covers(h, a)).then(covers(b, a)),

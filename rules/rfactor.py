@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from egglog import String, rewrite, var
 
-from eqsched.egraph.facts import Facts, partials_limit
+from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Body, Kind, Root, factor_lanes, loop, rloop
 from eqsched.egraph.term import split_path
 
 from .analysis import (
     b,
     blocks_only,
+    factorable,
     h,
     holds,
     k,
@@ -35,19 +36,6 @@ from .base import Rule, register
 
 q = var("q", String)
 g2 = var("g2", String)
-
-
-def factorable(facts: Facts) -> list[tuple[str, str, str]]:
-    """(update block, its stage, reduce group): each group a sum or max reduces over where two
-    partials or more fit `schedule.MAX_PARTIAL_ELEMENTS` (`facts.partials_limit`): a row
-    statistic, a GEMV's vector; not a matmul's output, whose spatial loops give the threads
-    work enough."""
-    out = []
-    for name, blk in sorted(facts.blocks.items()):
-        if blk.reduce in ("sum", "max"):
-            out += [(name, blk.stage, group) for group in sorted(facts.reduce_groups[name])
-                    if partials_limit(facts, group) >= 2]
-    return out
 
 
 @register
