@@ -16,6 +16,13 @@ seconds does not move. The `threads` part explores matmul 1024³, conv2d and mm_
 threads and times that winner on two threads beside the one-thread winner on one thread, and
 onnxruntime on one and on two threads in the same rounds: what two threads buy on this machine.
 
+A convolution's filter is a layer's weight: the same on every call. Both sides get it so
+(`CONSTANTS`): onnxruntime as an initializer, which its Conv packs once when the session loads,
+and eqsched as a constant of the computation (`Computation.with_constants`), whose packs of it
+are the program's preparation, run once when the kernel is bound. Given the filter as a graph
+input instead, onnxruntime packs it on every call, and the conv rows would be measured against
+its weaker formulation.
+
 Bars (issue 13): every row >= 0.9x numpy on the host and >= 0.85x on the AVX2 target; conv2d
 rows >= 0.9x onnxruntime; two threads >= 1.8x one.
 """
@@ -48,6 +55,7 @@ CASES = {
     "conv2d-late": ("conv2d_nchw", (1, 512, 7, 7, 512, 3, 3, 1, 1)),
 }
 THREAD_CASES = ("matmul-1024", "conv2d-resnet", "mm_exp_mm")
+CONSTANTS = {"conv2d_nchw": ("W",)}  # workload -> its inputs that are weights
 TARGETS = {"host": None, "host,-avx512f": "Haswell"}  # target -> OPENBLAS_CORETYPE
 NUMPY_BAR = {"host": 0.9, "host,-avx512f": 0.85}
 ORT_BAR, THREADS_BAR = 0.9, 1.8
@@ -72,14 +80,22 @@ def session_options(threads: int):
     return options
 
 
+def computation(workload: str, size: tuple[int, ...]):
+    """The workload at `size`, its weights (`CONSTANTS`) constant."""
+    from eqsched.workloads import get_workload
+
+    comp = get_workload(workload).build(*size)
+    return comp.with_constants(CONSTANTS[workload]) if workload in CONSTANTS else comp
+
+
 def onnxruntime_run(workload: str, size: tuple[int, ...], inputs: dict,
                     threads: int = 1) -> Callable[[], None]:
     """An onnxruntime session of the workload on `threads` intra-op threads, with its buffers
-    bound once."""
+    bound once and its weights (`CONSTANTS`) initializers."""
     import numpy as np
     import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     def tensor(name: str, shape) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
@@ -104,8 +120,11 @@ def onnxruntime_run(workload: str, size: tuple[int, ...], inputs: dict,
         raise SystemExit(f"no onnxruntime formulation of {workload}")
     by_feed = dict(zip(feeds, {"matmul": ["A", "B"], "mm_exp_mm": ["A", "B", "E"],
                                "conv2d_nchw": ["X", "W"]}[workload]))
+    weights = [f for f in feeds if by_feed[f] in CONSTANTS.get(workload, ())]
+    feeds = [f for f in feeds if f not in weights]
     graph = helper.make_graph(nodes, workload, [tensor(f, inputs[by_feed[f]].shape) for f in feeds],
-                              [tensor(out, out_shape)])
+                              [tensor(out, out_shape)],
+                              [numpy_helper.from_array(inputs[by_feed[w]], w) for w in weights])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = session_options(threads)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -195,21 +214,26 @@ def winner(workload: str, size: tuple[int, ...], trials: int, seed: int, threads
            target: str, label: str, saved: Path | None) -> Winner | None:
     """The exploration's best program, or the one in the trace file `saved` (an earlier run's
     `--traces`: re-timing winners costs seconds, exploring them minutes)."""
+    comp = computation(workload, size)
     if saved is not None:
         from eqsched.ir import naive_program
         from eqsched.schedule import Schedule, load_trace
-        from eqsched.workloads import get_workload
 
         steps, _ = load_trace(saved)
-        comp = get_workload(workload).build(*size)
         return Winner(Schedule.replay(naive_program(comp), steps).program, steps)
-    from eqsched.explore import Settings, explore
+    from eqsched.explore import Settings, TaskTuner
 
     with tempfile.TemporaryDirectory() as tmp:
-        result = explore(workload, size, trials=trials, seed=seed, db=str(Path(tmp) / "b.db"),
-                         settings=Settings(threads=threads, target=target),
-                         progress=lambda event, data: print(f"  {label}: {event} {data}",
-                                                            file=sys.stderr, flush=True))
+        # `explore` of the workload, with its weights constant.
+        tuner = TaskTuner(comp, key=(workload, list(size)), trials=trials, seed=seed,
+                          db=str(Path(tmp) / "b.db"),
+                          settings=Settings(threads=threads, target=target),
+                          progress=lambda event, data: print(f"  {label}: {event} {data}",
+                                                             file=sys.stderr, flush=True))
+        try:
+            tuner.tune(trials)
+        finally:
+            result = tuner.close()
     if result.best_program is None:
         return None
     return Winner(result.best_program, result.best_trace, result.wall_s,
@@ -231,7 +255,8 @@ def aligned_inputs(comp) -> dict:
 def kernel_run(program, inputs: dict, threads: int, target: str,
                **settings: Any) -> Callable[[], None]:
     """`program` compiled (with these further `CompileOptions` settings) and bound to `inputs`
-    and outputs of its own."""
+    and outputs of its own, its preparation (packs of its constants) run once, as the
+    explore's runner times it."""
     from eqsched.backend import CompileOptions, Target, aligned_empty, compile_program
 
     kernel = compile_program(program, CompileOptions(threads=threads, target=Target.parse(target),
@@ -239,10 +264,7 @@ def kernel_run(program, inputs: dict, threads: int, target: str,
     arrays = [inputs[b.name] for b in program.inputs]
     outputs = {b.name: aligned_empty(b.shape) for b in program.outputs}
     arrays += list(outputs.values())
-
-    def run() -> None:
-        kernel(*arrays)
-
+    run = kernel.prepared(*arrays)
     run.outputs = outputs  # type: ignore[attr-defined]
     return run
 
@@ -272,7 +294,7 @@ def part_target(target: str, cases: list[str], trials: int, seed: int, repeats: 
             rows.append({"case": name, "target": target, "error": "no correct program"})
             continue
         wl = get_workload(workload)
-        comp = wl.build(*size)
+        comp = computation(workload, size)
         inputs = aligned_inputs(comp)
         ours = kernel_run(best.program, inputs, 1, target)
         numpy_run = wl.numpy_baseline(inputs, *size)
@@ -305,7 +327,7 @@ def part_threads(cases: list[str], trials: int, seed: int, repeats: int,
     rows = []
     for name in cases:
         workload, size = CASES[name]
-        comp = get_workload(workload).build(*size)
+        comp = computation(workload, size)
         inputs = aligned_inputs(comp)
         runs, traces = [], []
         for threads in (1, 2):
