@@ -81,7 +81,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eqsched.affine import AffineError
-from eqsched.backend.lower import body_copies, tail_pieces
+from eqsched.backend.lower import body_copies, in_pieces, tail_pieces
 from eqsched.backend.transpose import TransposingCopy, transposing_copy
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest, walk
@@ -327,20 +327,17 @@ def _is_serial(lp: Loop) -> bool:
     return lp.kind in (LoopKind.SERIAL, LoopKind.PARALLEL) and lp.extent > 1
 
 
-def _narrow_tail(blk: Block, vec: Loop, register_lanes: int
-                 ) -> tuple[float, tuple[int, ...]] | None:
-    """For a vector loop whose last step along its axis runs fewer lanes than a register holds
-    (a 7-wide axis on 8 lanes, or 19 = 16 + 3): the share of its steps that are that tail and
-    the power-of-two pieces the backend accesses it in; None when no step is one."""
+def _tail(blk: Block, vec: Loop) -> tuple[float, int] | None:
+    """For a vector loop whose last step along its axis runs fewer lanes than it has (56 of
+    64, 7 of 8): the share of its steps that are that tail and its lanes; None when no step is
+    one."""
     for binding in blk.bindings:
         if (vec.name, 1) not in binding.terms:
             continue
         extent = blk.axis(binding.axis).extent
         steps = -(-extent // vec.extent)
         active = extent - vec.extent * (steps - 1)
-        if active >= min(vec.extent, register_lanes):
-            return None
-        return 1 / steps, tuple(lanes for _, lanes in tail_pieces(active))
+        return (1 / steps, active) if active < vec.extent else None
     return None
 
 
@@ -388,8 +385,18 @@ class _BlockCoster:
         vec = [d for d, lp in enumerate(loops) if lp.kind == LoopKind.VECTOR]
         self.vec = vec[0] if vec else None
         self.lanes = loops[self.vec].extent if vec else 1
-        self.narrow_tail = _narrow_tail(blk, loops[self.vec], machine.vector_lanes) if vec \
-            else None
+        # A tail narrower than a register (7 of 8 lanes, 19 = 16 + 3) keeps its width and is
+        # moved in power-of-two pieces; a wider one of whole half registers runs its pieces as
+        # vectors (56: 32, 16, 8), another as a masked vector of whole registers (63: 4 zmm).
+        tail = _tail(blk, loops[self.vec]) if vec else None
+        self.narrow_tail = self.wide_tail = None
+        if tail is not None:
+            share, active = tail
+            pieces = (share, tuple(lanes for _, lanes in tail_pieces(active)))
+            if active < min(self.lanes, machine.vector_lanes):
+                self.narrow_tail = pieces
+            elif in_pieces(active, machine.vector_lanes):
+                self.wide_tail = pieces
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
         # The backend runs a small straight-line body several times per step of that loop.
@@ -527,8 +534,18 @@ class _BlockCoster:
     def _op(self, port: str, ops: float, deps: frozenset[int], cycles_per_op: float = 0) -> None:
         count = self._count(deps) * ops
         width = self._width(deps)
-        self.cycles[port] += count * (cycles_per_op or self.machine.op_cycles(port, width))
+        self.cycles[port] += count * (cycles_per_op or self._op_cycles(port, width))
         self.instructions += count * self.machine.instructions(width)
+
+    def _op_cycles(self, port: str, width: int) -> float:
+        """Cycles of one operation `width` lanes wide, on average over the vector loop's steps:
+        a wide tail's steps run its pieces (56 of 64 lanes: two zmm, one zmm and one ymm, which
+        a core of half-width units runs in three and a half zmm's time, not four)."""
+        whole = self.machine.op_cycles(port, width)
+        if self.wide_tail is None or width != self.lanes:
+            return whole
+        share, pieces = self.wide_tail
+        return (1 - share) * whole + share * sum(self.machine.op_cycles(port, w) for w in pieces)
 
     # ---- expressions -------------------------------------------------------------------------
 

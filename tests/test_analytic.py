@@ -132,11 +132,12 @@ def test_a_register_tile_beats_accumulating_in_memory(model):
 
 
 def conv2d_resnet(accumulate_in_registers: bool):
-    """conv2d 64x56x56, 3x3, vectorized along the 56-wide rows as a masked 64-lane vector (four
-    zmm). In registers: 4 output channels of one row accumulate over the whole (c, r, s)
-    reduction. In memory: the innermost serial loop runs over 32 output channels, so each row of
-    Y is loaded, updated three times (s) and stored back at every step (explore's winner before
-    the fix, measured 0.57-0.6x onnxruntime against 0.8-1.0x for the register tile)."""
+    """conv2d 64x56x56, 3x3, vectorized along the 56-wide rows as a 64-lane vector (its 56
+    lanes in pieces of 32, 16 and 8). In registers: 4 output channels of one row accumulate
+    over the whole (c, r, s) reduction. In memory: the innermost serial loop runs over 32
+    output channels, so each row of Y is loaded, updated three times (s) and stored back at
+    every step (explore's winner before the fix, measured 0.57-0.6x onnxruntime against
+    0.8-1.0x for the register tile)."""
     s = Schedule(naive_program(get_workload("conv2d_nchw").build(1, 64, 56, 56, 64, 3, 3, 1, 1)))
     if accumulate_in_registers:
         s.split("Y.k", [16, 1, 1, 4])
@@ -621,6 +622,29 @@ def test_an_accumulator_narrower_than_a_register_goes_through_memory_at_every_st
         naive = naive_program(get_workload("matmul").build(32, n, 256))
         stores[n] = model.breakdown(carried_rows(naive, n, 4, 8))["stores"]
     assert stores[7] > 50 * stores[8]
+
+
+def rows_of_a_vector(n: int):
+    """C's rows as one 64-lane vector step over n columns, four rows unrolled around the
+    innermost k loop (their accumulators carried in registers)."""
+    s = Schedule(naive_program(get_workload("matmul").build(32, n, 256)))
+    s.split("C.j", [-1, 64])
+    s.split("C.i", [-1, 4])
+    s.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
+    s.unroll("C.i.1")
+    s.vectorize("C.j.1")
+    return s.program
+
+
+def test_a_wide_tail_costs_its_pieces_at_their_widths(avx512):
+    # 56 of 64 lanes run as 32 + 16 + 8: on a core whose units are half a register wide (Zen 4:
+    # a ymm FMA at twice the zmm rate) the FMAs of a 56-wide row take 3.5 zmm's time where 64
+    # lanes take 4; on full-width units (a ymm FMA as slow as a zmm one) both take 4.
+    half_wide = dataclasses.replace(avx512, fma_per_cycle=1.0, fma_per_cycle_half=2.0)
+    for machine, ratio in ((half_wide, 3.5 / 4), (avx512, 1.0)):
+        compute = {n: AnalyticModel(machine).breakdown(rows_of_a_vector(n))["compute"]
+                   for n in (56, 64)}
+        assert compute[56] == pytest.approx(ratio * compute[64])
 
 
 def rows_around_k(rows: int):

@@ -342,23 +342,53 @@ def test_nested_remainders_peel_down_to_each_piece():
     np.testing.assert_array_equal(out, x + 1.0)
 
 
-def test_a_tail_of_a_register_or_more_runs_as_a_power_of_two_vector():
-    # conv2d's 56-wide rows in one step of a 64-lane vector: a <64 x float> whose operand loads
-    # are masked to 56 lanes and whose accumulator (C, in memory) is loaded and stored in pieces
-    # of 32, 16 and 8 lanes (exact, so LLVM can keep it in a register); no <56 x float>.
+def test_a_tail_of_a_register_or_more_runs_in_power_of_two_pieces():
+    # conv2d's 56-wide rows in one step of a 64-lane vector: the body once per piece of 32, 16
+    # and 8 lanes, each an exact vector (its arithmetic too: a ymm FMA for the last 8 lanes,
+    # not a zmm one for 16 of which 8 do not exist); no <56 x float>, no masked access.
     comp = matmul(3, 56, 5)
     sch = Schedule(naive_program(comp))
     sch.split("C.j", [-1, 64])
     sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
     sch.vectorize("C.j.1")
     text = str(lower(sch.program, "", "", register_lanes=16)[0])
-    assert "<56 x float>" not in text and "masked.store" not in text
-    assert set(masked_lanes(text, 64)) == {56}  # the loads of B
+    assert "<56 x float>" not in text and "<64 x float>" not in text and "masked" not in text
     for lanes in (32, 16, 8):
         assert f"load <{lanes} x float>" in text and f"store <{lanes} x float>" in text
+        assert f"llvm.fma.v{lanes}f32" in text
     narrow = str(lower(sch.program, "", "", register_lanes=64)[0])
     assert "<56 x float>" in narrow and "masked" not in narrow  # a narrower tail keeps its width
     assert_matches_reference(sch.program, seed=1)
+
+
+def test_a_tail_of_odd_lanes_runs_as_a_masked_power_of_two_vector():
+    # 63 lanes would be six pieces, four narrower than a ymm: one <64 x float> instead, its
+    # operand loads masked to 63 lanes and its accumulator (C, in memory) loaded and stored in
+    # pieces of 32, 16, 8, 4, 2 and 1 (exact, so LLVM can keep it in a register).
+    comp = matmul(3, 63, 5)
+    sch = Schedule(naive_program(comp))
+    sch.split("C.j", [-1, 64])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.vectorize("C.j.1")
+    text = str(lower(sch.program, "", "", register_lanes=16)[0])
+    assert "<63 x float>" not in text and "masked.store" not in text
+    assert set(masked_lanes(text, 64)) == {63}  # the loads of B
+    for lanes in (32, 16, 8, 4, 2):
+        assert f"load <{lanes} x float>" in text and f"store <{lanes} x float>" in text
+    assert_matches_reference(sch.program, seed=1)
+
+
+def test_each_piece_of_a_tail_reads_the_lanes_from_its_first():
+    # 104 = 64 + 40: the second step's 40 lanes run as pieces of 32 and 8, the second from
+    # lane 32 (its loop variable <32, .., 39>: column 96 + lane of each row).
+    comp = matmul(2, 104, 3)
+    sch = Schedule(naive_program(comp))
+    sch.split("C.j", [-1, 64])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.vectorize("C.j.1")
+    text = str(lower(sch.program, "", "", register_lanes=16)[0])
+    assert "llvm.fma.v32f32" in text and "llvm.fma.v8f32" in text and "masked" not in text
+    assert_matches_reference(sch.program, seed=2)
 
 
 def test_a_padded_pack_copies_whole_panels_then_peels_the_last():
@@ -438,18 +468,28 @@ def test_loops_run_in_copies_with_a_peeled_remainder_match_the_reference(k):
 
 
 def test_a_masked_vector_over_packed_panels_gathers_its_runs():
-    # 120 columns: the last step's 56 active lanes read the padded panels through the mask.
-    prog = panels_under_a_wide_vector(120, 16)
+    # 127 columns: the last step's 63 active lanes read the padded panels through the mask.
+    prog = panels_under_a_wide_vector(127, 16)
     assert "gather" in str(lower(prog, "", "")[0])
+    assert_matches_reference(prog, seed=7)
+
+
+def test_a_tail_over_packed_panels_reads_each_pieces_runs():
+    # 120 columns: the last step's 56 lanes run as pieces of 32, 16 and 8 lanes, from lanes 0,
+    # 32 and 48: each reads its panels' runs with plain loads (the 8 lanes half a panel).
+    prog = panels_under_a_wide_vector(120, 16)
+    text = str(lower(prog, "", "")[0])
+    assert "gather" not in text and "masked" not in text
     assert_matches_reference(prog, seed=6)
 
 
-def test_a_register_tile_over_a_tail_stays_in_registers():
+@pytest.mark.parametrize("n", [56, 63])
+def test_a_register_tile_over_a_tail_stays_in_registers(n):
     # conv2d's 56-wide rows in one step of a 64-lane tile: a local 2 x 64 accumulator tile over
-    # 56 columns. Its loads and stores are whole vectors (in the tile's bounds; the lanes past
-    # the row are never written back), so it stays in registers; the output's and inputs'
-    # accesses are masked to 56 lanes.
-    comp = matmul(4, 56, 9)
+    # 56 columns, accessed in pieces of 32, 16 and 8 lanes at fixed offsets; over 63, accessed
+    # whole (in the tile's bounds; the lanes past the row are never written back) while the
+    # output's and inputs' accesses are masked to 63 lanes. Either way it stays in registers.
+    comp = matmul(4, n, 9)
     sch = Schedule(naive_program(comp))
     sch.split("C.j", [-1, 64])
     sch.split("C.i", [-1, 2])
@@ -462,7 +502,8 @@ def test_a_register_tile_over_a_tail_stays_in_registers():
         sch.vectorize(loop)
     kernel = compile_program(sch.program)
     assert "alloca" not in kernel.llvm_ir()
-    assert set(masked_lanes(str(lower(sch.program, "", "")[0]), 64)) == {56}
+    masked = set(masked_lanes(str(lower(sch.program, "", "")[0]), 64))
+    assert masked == ({63} if n == 63 else set())
     inputs = random_inputs(comp, seed=1)
     ok, _, msg = compare(kernel.run(inputs), reference(comp, inputs), tolerance(comp))
     assert ok, msg

@@ -28,11 +28,14 @@ from .mathlib import same_shape
 I64 = ir.IntType(64)
 
 
+@dataclass(frozen=True)
 class Lanes:
-    """Marker: this loop variable is the lane index of the vectorized loop."""
+    """This loop variable is the vectorized loop's lane index, from `first` (a piece of a
+    tail starts past lane 0)."""
+
+    first: int = 0
 
 
-LANES = Lanes()
 Scalar = int | ir.Value  # an index value: folded constant or i64 / <L x i64> SSA value
 
 
@@ -66,7 +69,7 @@ class Indexer:
         self.env[loop.name] = value
         self.ranges[loop.name] = span if span is not None else (0, loop.extent - 1)
         self.depth[loop.name] = len(self.depth)
-        if value is LANES:
+        if isinstance(value, Lanes):
             self.vec = loop
 
     def leave(self, loop: Loop) -> None:
@@ -118,19 +121,22 @@ class Indexer:
         """The widest split of the vector's lanes into aligned runs (at least 4 lanes) each of
         which is contiguous, as the start of each run; None if there is none."""
         vec = self.vec
-        if vec is None or self.ranges[vec.name] != (0, vec.extent - 1):
+        if vec is None:
+            return None
+        first, last = self.ranges[vec.name]
+        if last - first + 1 != vec.extent:
             return None
         width = vec.extent // 2
         while width >= 4 and vec.extent % width == 0:
             starts = []
             for run in range(vec.extent // width):
-                self.ranges[vec.name] = (run * width, run * width + width - 1)
+                self.ranges[vec.name] = (first + run * width, first + run * width + width - 1)
                 try:
                     const, lane_stride, terms = self._split_affine(self._flat(indices, strides))
                 except AffineError:
                     break
                 finally:
-                    self.ranges[vec.name] = (0, vec.extent - 1)
+                    self.ranges[vec.name] = (first, last)
                 if lane_stride != 1:
                     break
                 starts.append(self._sum_terms(terms, const + run * width))
@@ -148,8 +154,9 @@ class Indexer:
         terms: list[tuple[int, ir.Value, int]] = []
         for var, coeff in flat.terms:
             value = self.var(var)
-            if value is LANES:
+            if isinstance(value, Lanes):
                 lane_stride += coeff
+                const += coeff * value.first
             elif isinstance(value, int):
                 const += coeff * value
             else:
@@ -203,7 +210,7 @@ class Indexer:
             return int(e.value)
         if isinstance(e, Var):
             value = self.var(e.name)
-            return self.lanes() if value is LANES else value  # type: ignore[return-value]
+            return self.lanes() if isinstance(value, Lanes) else value  # type: ignore[return-value]
         if isinstance(e, BinOp):
             return self._int_op(e.op, self._int_tree(e.a), self._int_tree(e.b))
         raise BackendError(f"not an integer index expression: {e}")
@@ -251,9 +258,11 @@ class Indexer:
     # ---- lane vectors ------------------------------------------------------------------------
 
     def lanes(self) -> ir.Constant:
-        """The vectorized loop's variable: <0, 1, .., L-1> as i64."""
+        """The vectorized loop's variable: <f, f + 1, .., f + L - 1> as i64 (f: its first lane)."""
         assert self.vec is not None
-        return ir.Constant(ir.VectorType(I64, self.vec.extent), list(range(self.vec.extent)))
+        first = self.env[self.vec.name].first  # type: ignore[union-attr]
+        return ir.Constant(ir.VectorType(I64, self.vec.extent),
+                           list(range(first, first + self.vec.extent)))
 
     def splat(self, value: int) -> ir.Constant:
         assert self.vec is not None

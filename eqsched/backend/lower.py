@@ -26,7 +26,7 @@ from ..expr import BinOp, Call, Const, Expr, Load, Select
 from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest
 from ..legality import loop_binding
 from .errors import BackendError
-from .indexing import LANES, Indexer
+from .indexing import Indexer, Lanes
 from .mathlib import F32, I32, MathEmitter, broadcast, declare, same_shape
 from .transpose import emit as emit_transposes
 from .transpose import transposing_copy
@@ -343,11 +343,16 @@ class _FunctionEmitter:
                     partial_lanes: bool = False) -> None:
         """The body once on vectors; a tail runs only its first `active` lanes.
 
-        A tail of at least a register's lanes is a vector as wide as the next power of two (at
-        most the loop's lanes) whose operand loads and stores are masked to the active lanes:
-        LLVM moves a non-power-of-two vector such as <56 x float> element by element (§17.2),
-        a masked <64 x float> as three plain zmm accesses and one masked one. Arithmetic runs on
-        every lane. An accumulator in memory is loaded and stored in power-of-two pieces
+        A tail of at least a register's lanes whose lanes are whole half registers (56 of 64:
+        `in_pieces`) runs the body once per power-of-two piece of them (32, 16 and 8), each an
+        exact vector from its first lane: a masked <64 x float> would do the arithmetic of 8
+        lanes that do not exist, a whole zmm FMA where a core whose units are half a register
+        wide runs the ymm piece in half the time. Another tail of at least a register's lanes
+        (63 of 64) is a vector as wide as the next power of two (at most the loop's lanes)
+        whose operand loads and stores are masked to the active lanes: LLVM moves a
+        non-power-of-two vector such as <63 x float> element by element (§17.2), a masked
+        <64 x float> as three plain zmm accesses and one masked one. Arithmetic runs on every
+        lane. An accumulator in memory is loaded and stored in power-of-two pieces
         (_plain_load), so LLVM can still keep it in a register. A local tile is accessed whole
         (in its bounds: its extent along the loop is the loop's, and the lanes past `active` are
         points past the axis, never written back), so it can stay in registers. A narrower tail
@@ -357,14 +362,23 @@ class _FunctionEmitter:
         points, peeled after."""
         if active is not None and active < loop.extent:
             wide = not partial_lanes and active >= self.register_lanes
+            if wide and in_pieces(active, self.register_lanes):
+                for first, lanes in tail_pieces(active):
+                    self._lanes(Loop(loop.name, lanes, loop.kind, loop.body), first, lanes)
+                return
             width = min(loop.extent, 1 << (active - 1).bit_length()) if wide else active
             loop = Loop(loop.name, width, loop.kind, loop.body)
         else:
             active = loop.extent
+        self._lanes(loop, 0, active)
+
+    def _lanes(self, loop: Loop, first: int, active: int) -> None:
+        """The body once on the vector of `loop.extent` lanes from lane `first`, its first
+        `active` lanes running."""
         if self.ix.vec is not None:
             raise BackendError(
                 f"vectorized loop {loop.name} is inside vectorized loop {self.ix.vec.name}")
-        self.ix.enter(loop, LANES, (0, active - 1))
+        self.ix.enter(loop, Lanes(first), (first, first + active - 1))
         if active < loop.extent:
             self.tail = ir.Constant(ir.VectorType(I1, loop.extent),
                                     [lane < active for lane in range(loop.extent)])
@@ -699,9 +713,18 @@ class _FunctionEmitter:
         return broadcast(self.b, value, ty) if value.type != ty else value
 
 
+def in_pieces(active: int, register_lanes: int) -> bool:
+    """Whether a tail of `active` lanes (at least a register's) runs as its power-of-two pieces
+    (`tail_pieces`), each an exact vector: when they are whole half registers (56 lanes of 16:
+    32, 16, 8), else as one masked vector (63 would be six pieces, four narrower than a ymm).
+    The analytic model costs the same."""
+    return active % max(register_lanes // 2, 1) == 0
+
+
 def tail_pieces(active: int) -> list[tuple[int, int]]:
-    """(first lane, lanes) of the power-of-two pieces a tail vector's `active` lanes are loaded
-    and stored in (7: 4, 2 and 1); the analytic model costs the same pieces."""
+    """(first lane, lanes) of the power-of-two pieces of `active` lanes (56: 32, 16 and 8; 7: 4,
+    2 and 1): what a tail runs as when it runs `in_pieces`, what a masked tail's accumulator is
+    loaded and stored in; the analytic model costs the same pieces."""
     pieces, start = [], 0
     for bit in reversed(range(active.bit_length())):
         if active & (1 << bit):
