@@ -35,7 +35,7 @@ from eqsched.ir import (
 )
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.schedule import Schedule
-from eqsched.workloads import list_workloads
+from eqsched.workloads import get_workload, list_workloads
 
 S, U, V, P = LoopKind.SERIAL, LoopKind.UNROLL, LoopKind.VECTOR, LoopKind.PARALLEL
 rng = np.random.default_rng(0)
@@ -376,6 +376,22 @@ def test_a_tail_of_odd_lanes_runs_as_a_masked_power_of_two_vector():
     for lanes in (32, 16, 8, 4, 2):
         assert f"load <{lanes} x float>" in text and f"store <{lanes} x float>" in text
     assert_matches_reference(sch.program, seed=1)
+
+
+def test_each_piece_of_a_scattered_tail_stores_the_lanes_from_its_first():
+    # gemv's 40-long row factored along a 64-lane vector (rfactor's lanes): its partials
+    # C_rf[lane, 0, j] are 24 floats apart, so each piece (32 lanes, then 8 from lane 32)
+    # gathers and scatters them; the address's scalar part holds the piece's first lane, the
+    # lane offsets count from 0 (counted twice, the pieces wrote past the partials).
+    comp = get_workload("gemv").build(24, 40)
+    sch = Schedule(naive_program(comp))
+    sch.split("C.k", [-1, 64])
+    sch.reorder("C.i", "C.j", "C.k.0", "C.k.1")
+    sch.rfactor("C.update", "C.k.1")
+    sch.vectorize("C.k.1")
+    text = str(lower(sch.program, "", "", register_lanes=16)[0])
+    assert "scatter.v32f32" in text and "scatter.v8f32" in text
+    assert_matches_reference(sch.program, seed=3)
 
 
 def test_each_piece_of_a_tail_reads_the_lanes_from_its_first():

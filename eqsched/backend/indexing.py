@@ -210,7 +210,7 @@ class Indexer:
             return int(e.value)
         if isinstance(e, Var):
             value = self.var(e.name)
-            return self.lanes() if isinstance(value, Lanes) else value  # type: ignore[return-value]
+            return self.lanes(value.first) if isinstance(value, Lanes) else value
         if isinstance(e, BinOp):
             return self._int_op(e.op, self._int_tree(e.a), self._int_tree(e.b))
         raise BackendError(f"not an integer index expression: {e}")
@@ -257,10 +257,11 @@ class Indexer:
 
     # ---- lane vectors ------------------------------------------------------------------------
 
-    def lanes(self) -> ir.Constant:
-        """The vectorized loop's variable: <f, f + 1, .., f + L - 1> as i64 (f: its first lane)."""
+    def lanes(self, first: int = 0) -> ir.Constant:
+        """<f, f + 1, .., f + L - 1> as i64: the vectorized loop's lane numbers from `first` (the
+        variable's values, from its `Lanes.first`; from 0, the lanes' offsets from an address
+        whose scalar part already holds the first lane's)."""
         assert self.vec is not None
-        first = self.env[self.vec.name].first  # type: ignore[union-attr]
         return ir.Constant(ir.VectorType(I64, self.vec.extent),
                            list(range(first, first + self.vec.extent)))
 
