@@ -342,40 +342,41 @@ def test_nested_remainders_peel_down_to_each_piece():
     np.testing.assert_array_equal(out, x + 1.0)
 
 
+def rows_in_one_vector_step(n: int) -> Program:
+    """matmul 3 x n x 5 with each row of C one step of a 64-lane vector, inside k."""
+    sch = Schedule(naive_program(matmul(3, n, 5)))
+    sch.split("C.j", [-1, 64])
+    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
+    sch.vectorize("C.j.1")
+    return sch.program
+
+
 def test_a_tail_of_a_register_or_more_runs_in_power_of_two_pieces():
     # conv2d's 56-wide rows in one step of a 64-lane vector: the body once per piece of 32, 16
     # and 8 lanes, each an exact vector (its arithmetic too: a ymm FMA for the last 8 lanes,
     # not a zmm one for 16 of which 8 do not exist); no <56 x float>, no masked access.
-    comp = matmul(3, 56, 5)
-    sch = Schedule(naive_program(comp))
-    sch.split("C.j", [-1, 64])
-    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
-    sch.vectorize("C.j.1")
-    text = str(lower(sch.program, "", "", register_lanes=16)[0])
+    prog = rows_in_one_vector_step(56)
+    text = str(lower(prog, "", "", register_lanes=16)[0])
     assert "<56 x float>" not in text and "<64 x float>" not in text and "masked" not in text
     for lanes in (32, 16, 8):
         assert f"load <{lanes} x float>" in text and f"store <{lanes} x float>" in text
         assert f"llvm.fma.v{lanes}f32" in text
-    narrow = str(lower(sch.program, "", "", register_lanes=64)[0])
+    narrow = str(lower(prog, "", "", register_lanes=64)[0])
     assert "<56 x float>" in narrow and "masked" not in narrow  # a narrower tail keeps its width
-    assert_matches_reference(sch.program, seed=1)
+    assert_matches_reference(prog, seed=1)
 
 
 def test_a_tail_of_odd_lanes_runs_as_a_masked_power_of_two_vector():
     # 63 lanes would be six pieces, four narrower than a ymm: one <64 x float> instead, its
     # operand loads masked to 63 lanes and its accumulator (C, in memory) loaded and stored in
     # pieces of 32, 16, 8, 4, 2 and 1 (exact, so LLVM can keep it in a register).
-    comp = matmul(3, 63, 5)
-    sch = Schedule(naive_program(comp))
-    sch.split("C.j", [-1, 64])
-    sch.reorder("C.i", "C.j.0", "C.k", "C.j.1")
-    sch.vectorize("C.j.1")
-    text = str(lower(sch.program, "", "", register_lanes=16)[0])
+    prog = rows_in_one_vector_step(63)
+    text = str(lower(prog, "", "", register_lanes=16)[0])
     assert "<63 x float>" not in text and "masked.store" not in text
     assert set(masked_lanes(text, 64)) == {63}  # the loads of B
     for lanes in (32, 16, 8, 4, 2):
         assert f"load <{lanes} x float>" in text and f"store <{lanes} x float>" in text
-    assert_matches_reference(sch.program, seed=1)
+    assert_matches_reference(prog, seed=1)
 
 
 def test_each_piece_of_a_scattered_tail_stores_the_lanes_from_its_first():
