@@ -411,12 +411,9 @@ class Unfactored(Rule):
     growth = False
 
     def rewrites(self, facts: Facts) -> list:
-        guards = () if passes_to_rfactor(facts) else (not_parallel(k),)
-        return [
-            rule(eq_(s, block(n))).then(s_unfactored(s)),
-            rule(eq_(s, loop(g, p, k, b)), unfactored(b), *guards).then(s_unfactored(s)),
-            rule(eq_(s, cached(st, b)), unfactored(b)).then(s_unfactored(s)),
-        ] + _all_of(s_unfactored, unfactored)
+        return [rule(eq_(s, block(n))).then(s_unfactored(s))] \
+            + _pass_up(s_unfactored, unfactored, parallel=passes_to_rfactor(facts)) \
+            + _all_of(s_unfactored, unfactored)
 
 
 @register
