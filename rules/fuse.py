@@ -12,7 +12,20 @@ from eqsched.egraph.facts import Facts
 from eqsched.egraph.lang import Body, Kind, Root, append, loop
 from eqsched.expr import Var, loads
 
-from .analysis import h, holds, p, reduce_groups, rest, spatial, t, uncached, unfactored, x, y
+from .analysis import (
+    h,
+    holds,
+    inlinable,
+    p,
+    reduce_groups,
+    rest,
+    spatial,
+    t,
+    uncached,
+    unfactored,
+    x,
+    y,
+)
 from .base import Rule, register
 
 
@@ -42,9 +55,25 @@ def unsafe_groups(facts: Facts) -> set[str]:
 
 def fusible(facts: Facts) -> set[tuple[str, str, str]]:
     """(first block, second block, group): the second's nest may join the first's loop over the
-    group. Producer -> elementwise consumer, and init -> update of one reduction."""
+    group. Producer -> elementwise consumer, and init -> update of one reduction.
+
+    A consumer also pairs with the producer of an inlinable intermediate it reads (a
+    convolution's scale-shift inlined into its ReLU: the ReLU then reads the convolution), when
+    both reads are elementwise along the group: once the intermediate is inlined no other pair
+    joins the two nests. While it is not, its own nest lies between them (they are not adjacent)
+    or inside one of them, where it reads a point the first's nest has finished."""
     unsafe = unsafe_groups(facts)
-    out = {(w, r, gr) for w, r, gr in facts.elementwise if gr not in unsafe}
+    links = {(w, r, gr) for w, r, gr in facts.elementwise if gr not in unsafe}
+    inlinable_blocks = {name for name, blk in facts.blocks.items()
+                        if blk.stage in inlinable(facts)}
+    out = set(links)
+    while True:
+        through = {(w, r, gr) for w, mid, gr in out
+                   if mid in inlinable_blocks and facts.blocks[w].reduce is not None
+                   for mid2, r, gr2 in links if mid2 == mid and gr2 == gr and r != w}
+        if through <= out:
+            break
+        out |= through
     for name, blk in facts.blocks.items():
         if blk.reduce is None:
             continue
