@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, compile_program
+from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, codegen, compile_program
 from .backend.chain import Chain
 from .db import Database, Record
 from .default_schedule import default_schedule
@@ -69,13 +69,16 @@ def best_record(database: Database, comp: Computation, options: CompileOptions
                 ) -> Record | None:
     """The fastest correct measurement of the task on this machine for the options' target,
     among programs without parallel loops and those measured with the options' thread count
-    (their measurement key says it: `<hash>/threads=<n>`)."""
+    (their measurement key says it: `<hash>/threads=<n>`); those timed as this backend compiles
+    them (`backend.codegen`) when there are any, since another backend's timings rank its own
+    code. The program is compiled by this backend and checked in any case."""
     workload, size = task_key(comp)
     threads = f"threads={options.thread_count}"
     usable = [r for r in database.records(workload, size, target=options.target.spec)
               if r.correct and r.error is None and r.median_s is not None
               and r.program_hash.partition("/")[2] in ("", threads)]
-    return min(usable, key=lambda r: r.median_s, default=None)
+    current = [r for r in usable if r.settings.get("codegen") == codegen()]
+    return min(current or usable, key=lambda r: r.median_s, default=None)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ target (the host unless told).
 A measurement's error has a kind (`error_kind`): "transient" (a timeout, a dead worker, out of
 memory, an interrupt: it may not happen again) or "deterministic" (a compile error, a wrong result,
 an illegal program: it will). `lookup` never answers with a transient failure, and `add` replaces
-one, so a rerun measures those programs again. The lookup key holds the measurement settings that
-decide an outcome (`Record.settings`, the `MEASUREMENT_SETTINGS` of `trials.Settings`). A run
+one, so a rerun measures those programs again. The lookup key holds what decides an outcome
+(`Record.settings`, `trials.Settings.outcome`: the `MEASUREMENT_SETTINGS` and the backend's code
+generator, so an upgraded backend measures again what an older one timed). A run
 records the process that runs it (pid, host, start time): `runs` shows a `running` run whose process
 is gone as `abandoned`.
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .backend import CompileOptions, Target
+from .backend import CompileOptions, Target, codegen
 from .db import MEASUREMENT_SETTINGS, Database, Record
 from .egraph.derive import DeriveError
 from .egraph.term import Sizes
@@ -104,9 +104,11 @@ class Settings:
         return CompileOptions(threads=self.threads, target=Target.parse(self.target))
 
     def outcome(self) -> dict[str, Any]:
-        """The settings that decide a measurement's outcome besides the target and the thread
-        count (`db.MEASUREMENT_SETTINGS`): stored with it, part of its lookup key."""
-        return {name: getattr(self, name) for name in MEASUREMENT_SETTINGS}
+        """What decides a measurement's outcome besides the target and the thread count: the
+        settings `db.MEASUREMENT_SETTINGS` names and the code generator (`backend.codegen`).
+        Stored with it, part of its lookup key: a new backend measures every program again."""
+        return {**{name: getattr(self, name) for name in MEASUREMENT_SETTINGS},
+                "codegen": codegen()}
 
     def for_naive(self) -> Settings:
         """How the naive program is measured (for the speedup): one timed run, no warmup."""

@@ -2,6 +2,7 @@
 composed model equals `Model.evaluate` (and onnxruntime for an ONNX file built here with
 onnx.helper); a task tuned into the database runs its stored program; buffers are planned once."""
 
+import dataclasses
 import math
 import random
 
@@ -115,6 +116,24 @@ def test_a_task_tuned_into_the_database_runs_its_best_stored_program(tmp_path):
     verdict = compiled.check()
     assert verdict.correct, verdict.message
 
+
+
+def test_a_task_takes_the_best_program_as_this_backend_timed_it(tmp_path):
+    model = get_model("mlp", inputs=12, hidden=8, outputs=5)
+    tuned = extract_tasks(model)[0]
+    settings = Settings(threads=1, repeats=2, min_repeats=1, time_budget_s=0.05)
+    _tune(tuned.computation, tmp_path / "tuned.db", 3, settings)
+    with Database(tmp_path / "tuned.db") as db, Database(tmp_path / "older.db") as older:
+        mine = sorted(db.records(*task_key(tuned.computation)), key=lambda r: r.median_s)
+        assert mine[0].program_hash != mine[-1].program_hash
+        # An older backend timed the slowest of them ten times faster than our fastest.
+        stale = dataclasses.replace(mine[-1], median_s=mine[0].median_s / 10,
+                                    settings={**mine[-1].settings, "codegen": "0/llvm-1"})
+        db.add(stale)
+        older.add(stale)
+        assert best_record(db, tuned.computation, ONE_THREAD).median_s == mine[0].median_s
+        # Where only another backend's timings are stored, they are what there is.
+        assert best_record(older, tuned.computation, ONE_THREAD).median_s == stale.median_s
 
 def test_inputs_are_checked_in_one_line():
     compiled = CompiledModel(get_model("mlp", inputs=12, hidden=8, outputs=5),

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import eqsched.trials as trials_module
-from eqsched.backend import TargetError
+from eqsched.backend import TargetError, codegen
 from eqsched.db import Database
 from eqsched.egraph.derive import DeriveError
 from eqsched.egraph.space import build_space
@@ -85,6 +85,19 @@ def test_a_measurement_is_stored_and_looked_up_under_its_target(db, naive, candi
     monkeypatch.setattr(trials_module, "measure", no_measuring)
     assert other.trial(candidate, 1e-3, round_index=1).cached  # the same target again
 
+
+
+def test_a_timing_of_another_code_generator_is_measured_again(db, naive, candidate,
+                                                               monkeypatch):
+    old = measurer(db, naive).trial(candidate, 1e-3, round_index=0)
+    # A newer backend compiles the same program to other code: its timing is its own.
+    monkeypatch.setattr(trials_module, "codegen", lambda: "next/llvm-99")
+    new = measurer(db, naive).trial(candidate, 1e-3, round_index=1)
+    assert not old.cached and not new.cached
+    assert [r.settings["codegen"] for r in db.records("matmul", SIZE)] == [
+        codegen(), "next/llvm-99"]
+    monkeypatch.setattr(trials_module, "measure", no_measuring)
+    assert measurer(db, naive).trial(candidate, 1e-3, round_index=2).cached
 
 def test_an_unknown_target_is_refused_by_the_settings():
     with pytest.raises(TargetError, match="LLVM knows no x86 CPU"):

@@ -8,11 +8,11 @@
 See docs/ARCHITECTURE.md §7 Backend and target.
 """
 
-from .compiler import compile_program
+from .compiler import codegen, compile_program
 from .errors import BackendError
 from .kernel import Kernel, aligned_copy, aligned_empty
 from .options import CompileOptions
 from .target import Target, TargetError
 
 __all__ = ["BackendError", "CompileOptions", "Kernel", "Target", "TargetError", "aligned_copy",
-           "aligned_empty", "compile_program"]
+           "aligned_empty", "codegen", "compile_program"]

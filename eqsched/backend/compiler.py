@@ -18,6 +18,11 @@ from .lower import lower
 from .options import CompileOptions
 from .target import create_target_machine, host, target_machine
 
+# Which code generator made a kernel: raised whenever lowering changes the code a program
+# compiles to (its speed), so that a timing stored for the old code is not taken for the new one
+# (`codegen`, part of a measurement's lookup key).
+CODEGEN_VERSION = 1
+
 _cache: dict[tuple[object, ...], Kernel] = {}
 _cache_lock = threading.Lock()
 
@@ -70,9 +75,15 @@ def optimize(module: llvm.ModuleRef, options: CompileOptions) -> None:
     builder.getModulePassManager().run(module, builder)
 
 
+def codegen() -> str:
+    """This backend's code generator: its own version and LLVM's, like "1/llvm-15.0.7"."""
+    return f"{CODEGEN_VERSION}/llvm-{'.'.join(map(str, llvm.llvm_version_info))}"
+
+
 def describe(options: CompileOptions) -> dict[str, object]:
     """Everything about the compiler and CPU a timing depends on."""
     return {
+        "codegen": codegen(),
         "llvm_version": ".".join(map(str, llvm.llvm_version_info)),
         "llvmlite_version": llvmlite.__version__,
         **options.target.describe(),
