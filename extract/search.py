@@ -56,7 +56,18 @@ from typing import TypeVar
 from eqsched.egraph.derive import DeriveError, derive, realize, verify
 from eqsched.egraph.facts import Facts
 from eqsched.egraph.space import Slot, Space
-from eqsched.egraph.term import BlockRef, PieceLoop, RfactorLoop, Sizes, Stmt, Term, show, walk
+from eqsched.egraph.term import (
+    BlockRef,
+    Cached,
+    PieceLoop,
+    RfactorLoop,
+    Sizes,
+    Stmt,
+    Term,
+    show,
+    symbols,
+    walk,
+)
 from eqsched.expr import Const
 from eqsched.ir import Block, Loop, LoopKind, Program, Scope
 from eqsched.schedule import ScheduleError
@@ -196,6 +207,7 @@ class EvolutionarySearch:
         self._vector_twins: dict[str, Candidate | None] = {}  # likewise
         self._tile_twins: dict[str, list[Candidate]] = {}  # likewise
         self._reshaped_twins: dict[str, list[Candidate]] = {}  # likewise
+        self._epilogue_twins: dict[str, Candidate | None] = {}  # likewise
         self._proposed: Counter[tuple] = Counter()  # kernel -> its programs proposed so far
 
     # ---- candidates -------------------------------------------------------------------------
@@ -597,6 +609,103 @@ class EvolutionarySearch:
                         break
         return twins
 
+    def _epilogue_twins_of(self, parents: list[Candidate]) -> list[Candidate | None]:
+        """Each parent's `epilogue_fused` twin (made once a round, as the parallel twins)."""
+        return _once_a_round(self._epilogue_twins, parents, self.epilogue_fused)
+
+    def epilogue_fused(self, cand: Candidate) -> Candidate | None:
+        """The candidate with its elementwise intermediates inlined and the statement that then
+        reads a reduction fused into the reduction's nest, as deep as the space allows (Ansor's
+        AutoInline and its fused consumer: a convolution's scale-shift and ReLU computed in its
+        tile while the tile is in cache); None when the space has no such program. In a
+        uniform draw the inlined forms are rare: each intermediate's own nest multiplies the
+        programs that keep it (none of 150 draws of the ResNet block's first task inlined its
+        scale-shift), and a single mutation cannot both drop a nest and fuse another."""
+        term = cand.term
+        body, inlined = list(term.body), list(term.inlined)
+        for index in reversed(range(len(body))):
+            names = _block_names(body[index])
+            (name,) = names if len(names) == 1 else ("",)
+            if name in self._epilogue_stages and name not in inlined:
+                trial = dataclasses.replace(term, body=tuple(body[:index] + body[index + 1:]),
+                                            inlined=tuple(sorted(
+                                                [*inlined, name], key=self._stage_order)))
+                if self._holds(trial, cand.sizes):
+                    del body[index]
+                    inlined = list(trial.inlined)
+        term = dataclasses.replace(term, body=tuple(body), inlined=tuple(inlined))
+        for index in range(len(term.body) - 1):
+            fused = self._fused_into(term, index, cand.sizes)
+            if fused is not None:
+                term = fused
+                break
+        if term == cand.term or not self._holds(term, cand.sizes):
+            return None
+        return self._grow(self.space.picks_for(term), _assignment(_sizes_of(term, cand.sizes)))
+
+    def _holds(self, term: Term, sizes: Sizes) -> bool:
+        """The space has `term` with the candidate's sizes of the pieces it still loops over."""
+        return self.space.contains(term, _sizes_of(term, sizes))
+
+    @functools.cached_property
+    def _epilogue_stages(self) -> frozenset[str]:
+        """Plain stages that read a reduction elementwise, directly or through other such
+        stages (not a convolution's padding, which its reads would then recompute)."""
+        facts = self.space.facts
+        found = {w for w, _, _ in facts.elementwise if facts.blocks[w].reduce is not None}
+        while True:
+            more = {r for w, r, _ in facts.elementwise
+                    if w in found and facts.blocks[r].reduce is None
+                    and facts.blocks[r].stage == r} - found
+            if not more:
+                return frozenset(b for b in found if facts.blocks[b].reduce is None)
+            found |= more
+
+    @functools.cached_property
+    def _stage_order(self) -> Callable[[str], int]:
+        """A stage's place in the program (`Term.inlined` lists stages in program order)."""
+        order = {name: n for n, name in enumerate(
+            dict.fromkeys(b.stage for b in self.space.naive.blocks()))}
+        return order.__getitem__
+
+    def _fused_into(self, term: Term, index: int, sizes: Sizes) -> Term | None:
+        """`term` with statement index+1 (one plain block's nest) moved into statement index
+        (a reduction's nest), under the deepest loop of the reduction's path whose loops are
+        over groups the reader shares, those loops made serial; None when the space has no
+        such program."""
+        facts = self.space.facts
+        anchor, reader = term.body[index], term.body[index + 1]
+        readers = _block_names(reader)
+        updates = [b for b in _block_names(anchor) if facts.blocks[b].reduce is not None]
+        if len(readers) != 1 or not updates or facts.blocks[next(iter(readers))].reduce:
+            return None
+        shared = set(facts.groups_of(next(iter(readers))))
+        shared -= set().union(*(facts.reduce_groups[u] for u in updates))
+        path = _path_to_block(anchor, updates[0])
+        chain: list[PieceLoop] = []
+        for loop in path:
+            if loop.group not in shared or isinstance(loop, RfactorLoop):
+                break
+            chain.append(loop)
+        own = _loop_chain(reader)
+        if own is None:
+            return None
+        loops, leaf = own
+        for depth in range(len(chain), 0, -1):
+            outer = {(lp.group, lp.path) for lp in chain[:depth]}
+            inner = [lp for lp in loops if (lp.group, lp.path) not in outer]
+            nest: Stmt = leaf
+            for lp in reversed(inner):
+                nest = dataclasses.replace(lp, body=(nest,))
+            # Fusion joins serial loops: an unrolled or parallel one of the chain runs serial
+            # (the parallel twin may share the fused loop among threads again).
+            placed = _serial_chain_with(anchor, chain[:depth], nest)
+            trial = dataclasses.replace(term, body=term.body[:index] + (placed,)
+                                        + term.body[index + 2:])
+            if self._holds(trial, sizes):
+                return trial
+        return None
+
     def mutate(self, cand: Candidate) -> Candidate | None:
         """One random change: re-pick a slot, re-size a group, or move a factor between pieces."""
         move = self.rng.random()
@@ -706,6 +815,7 @@ class EvolutionarySearch:
         self._vector_twins.clear()
         self._tile_twins.clear()
         self._reshaped_twins.clear()
+        self._epilogue_twins.clear()
         # With nothing measured or kept yet, one population often settles on a poor sketch of
         # a fused chain (docs/ARCHITECTURE.md §17.3): evolve more while the best is predicted
         # slower than `settled_s`.
@@ -764,6 +874,7 @@ class EvolutionarySearch:
             add(self._vector_twins_of(parents))
             add(self._tile_twins_of(parents))
             add(self._reshaped_twins_of(parents))
+            add(self._epilogue_twins_of(parents))
             ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in _with_every_sketch(ranked, size)}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0
@@ -941,6 +1052,55 @@ def _path_to(stmt: Stmt, target: Stmt) -> list[Stmt] | None:
 
 def _log_distance(option: dict[str, int], current: dict[str, int]) -> float:
     return sum(abs(math.log2(option[p]) - math.log2(current[p])) for p in current)
+
+
+def _block_names(stmt: Stmt) -> set[str]:
+    return {s.name for s, _ in walk((stmt,)) if isinstance(s, BlockRef)}
+
+
+def _path_to_block(stmt: Stmt, name: str) -> list[PieceLoop]:
+    """The loops from `stmt` down to block `name`, up to a local tile (a tile holds one stage:
+    nothing joins it)."""
+    for s, outer in walk((stmt,)):
+        if isinstance(s, BlockRef) and s.name == name:
+            loops = []
+            for loop in outer:
+                loops.append(loop)
+                if any(isinstance(c, Cached) for c in loop.body):
+                    break
+            return loops
+    return []
+
+
+def _loop_chain(stmt: Stmt) -> tuple[list[PieceLoop], BlockRef] | None:
+    """A nest of single loops around one block: (its loops, outer first; the block)."""
+    loops = []
+    while isinstance(stmt, PieceLoop) and not isinstance(stmt, RfactorLoop) \
+            and len(stmt.body) == 1:
+        loops.append(stmt)
+        stmt = stmt.body[0]
+    return (loops, stmt) if isinstance(stmt, BlockRef) else None
+
+
+def _sizes_of(term: Term, sizes: Sizes) -> Sizes:
+    """`sizes` of the pieces `term` loops over ({} when one has none: no program of it)."""
+    wanted = symbols(term)
+    return {sym: sizes[sym] for sym in wanted} if wanted <= set(sizes) else {}
+
+
+def _serial_chain_with(stmt: Stmt, chain: list[PieceLoop], nest: Stmt) -> Stmt:
+    """`stmt` with the loops of `chain` (by identity, outer first) made serial and `nest`
+    appended to the body of the last."""
+    if not chain or stmt is not chain[0]:
+        body = getattr(stmt, "body", None)
+        if not body or not chain:
+            return stmt
+        return dataclasses.replace(stmt, body=tuple(_serial_chain_with(c, chain, nest)
+                                                    for c in body))
+    body = tuple(_serial_chain_with(c, chain[1:], nest) for c in stmt.body)
+    if len(chain) == 1:
+        body += (nest,)
+    return dataclasses.replace(stmt, kind=LoopKind.SERIAL.value, body=body)
 
 
 def _replaced(stmt: Stmt, old: Stmt, new: Stmt) -> Stmt:
