@@ -13,7 +13,7 @@ import pytest
 from eqsched.backend import CompileOptions, compile_program
 from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import BlockRef, Cached, symbols, walk
-from eqsched.expr import Const
+from eqsched.expr import Const, relu
 from eqsched.extract import Candidate, CostModel, EvolutionarySearch, get_cost_model
 from eqsched.extract.analytic import AnalyticModel
 from eqsched.extract.search import (
@@ -22,11 +22,13 @@ from eqsched.extract.search import (
     _with_every_sketch,
     unrolled_copies,
 )
-from eqsched.ir import Loop, LoopKind, naive_program, parallel_nest
+from eqsched.ir import Block, Loop, LoopKind, naive_program, parallel_nest
+from eqsched.ir import walk as walk_nodes
 from eqsched.model import extract_tasks, get_model
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.rules import default_rules, resolve
 from eqsched.schedule import Schedule
+from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
 from eqsched.workloads import get_workload
 
 
@@ -143,6 +145,7 @@ from eqsched.egraph.space import build_space
 from eqsched.extract import EvolutionarySearch, get_cost_model
 from eqsched.ir import naive_program
 from eqsched.rules import default_rules
+from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
 from eqsched.workloads import get_workload
 
 space = build_space(naive_program(get_workload("matmul").build(16, 24, 8)), default_rules())
@@ -659,6 +662,45 @@ def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space)
         made += 1
     assert made >= 3
 
+
+
+def scaled_relu_matmul():
+    """relu((A @ B) * s + b) at 8 x 16 x 8: a reduction, a scale-shift and a ReLU."""
+    A, B = placeholder((8, 8), "A"), placeholder((8, 16), "B")
+    s, b = placeholder((16,), "s"), placeholder((16,), "b")
+    k = reduce_axis(8, "k")
+    C = compute((8, 16), lambda i, j: sum_(A[i, k] * B[k, j], axis=k), "C")
+    D = compute((8, 16), lambda i, j: C[i, j] * s[j] + b[j], "D")
+    E = compute((8, 16), lambda i, j: relu(D[i, j]), "E")
+    return naive_program(Computation("scaled_relu", [E]))
+
+
+def test_an_epilogue_twin_inlines_the_scale_shift_and_fuses_the_relu_into_the_tile():
+    space = build_space(scaled_relu_matmul(), default_rules())
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=6)
+    made = 0
+    for _ in range(60):
+        cand = search.random_candidate()
+        twin = search.epilogue_fused(cand)
+        if twin is None:
+            continue
+        assert space.contains(twin.term, twin.sizes)
+        if "D" in {blk.stage for blk in twin.program.blocks()}:
+            continue  # D shares a nest with E already: the twin only fuses
+        assert twin.term.inlined == ("D",)
+        root = next(n for n in twin.program.body if isinstance(n, Loop)
+                    and "C.update" in {b.name for b in _blocks_under(n)})
+        if "E" in {b.name for b in _blocks_under(root)}:  # fused: after C.k, in C's tile
+            made += 1
+            if made <= 3:
+                _runs_right_on_two_threads(twin, space)
+    assert made >= 3
+    # No draw of that space inlines D by chance: the twin is how the search gets there.
+    assert not any("D" in search.random_candidate().term.inlined for _ in range(60))
+
+
+def _blocks_under(loop):
+    return [n for n, _ in walk_nodes(loop.body) if isinstance(n, Block)]
 
 def _around_the_reduction(prog):
     """The loops around C.update: those outside its innermost serial loop over k, that loop,
