@@ -68,7 +68,7 @@ from eqsched.egraph.term import (
     symbols,
     walk,
 )
-from eqsched.expr import Const
+from eqsched.expr import Const, loads
 from eqsched.ir import Block, Loop, LoopKind, Program, Scope
 from eqsched.schedule import ScheduleError
 
@@ -650,16 +650,20 @@ class EvolutionarySearch:
     @functools.cached_property
     def _epilogue_stages(self) -> frozenset[str]:
         """Plain stages that read a reduction elementwise, directly or through other such
-        stages (not a convolution's padding, which its reads would then recompute)."""
+        stages, and that no reduction reads: not a convolution's padding, nor mm_exp_mm's exp,
+        whose readers would compute them again for every point that reads them."""
         facts = self.space.facts
-        found = {w for w, _, _ in facts.elementwise if facts.blocks[w].reduce is not None}
+        plain = {b for b, blk in facts.blocks.items() if blk.reduce is None and blk.stage == b}
+        found = {w for w, _, _ in facts.elementwise if w not in plain}
         while True:
-            more = {r for w, r, _ in facts.elementwise
-                    if w in found and facts.blocks[r].reduce is None
-                    and facts.blocks[r].stage == r} - found
+            more = {r for w, r, _ in facts.elementwise if w in found and r in plain} - found
             if not more:
-                return frozenset(b for b in found if facts.blocks[b].reduce is None)
+                break
             found |= more
+        reduced = {b for b in plain if any(ld.buffer == facts.blocks[b].buffer
+                                           for blk in facts.blocks.values() if blk.reduce
+                                           for ld in loads(blk.value))}
+        return frozenset((found & plain) - reduced)
 
     @functools.cached_property
     def _stage_order(self) -> Callable[[str], int]:
