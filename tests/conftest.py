@@ -2,7 +2,7 @@
 `synthetic_machine`, a machine model of no particular CPU, `small_search`, which makes
 explore's search cheap for tests about what surrounds it, and `LatencyCurve`, a synthetic task
 for the task-tuning loop and its schedulers; `SMALL_MODELS`, the built-in models at small
-sizes."""
+sizes; `scaled_relu_matmul`, a reduction with a convolution's kind of epilogue."""
 
 import signal
 from contextlib import contextmanager
@@ -10,13 +10,28 @@ from contextlib import contextmanager
 import pytest
 
 import eqsched.explore as explore_module
+from eqsched.expr import relu
 from eqsched.extract.search import EvolutionarySearch
+from eqsched.ir import Program, naive_program
 from eqsched.machine_model import MachineModel
+from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
 
 # Each built-in model at sizes whose tasks compile and run in seconds: (name, get_model params).
 SMALL_MODELS = [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
                 ("bert_layer", {"seq": 8, "hidden": 16, "heads": 2, "ffn": 32}),
                 ("resnet_block", {"channels": 4, "size": 6})]
+
+def scaled_relu_matmul(m: int, n: int, k: int) -> Program:
+    """relu(A @ B * s + b), naive: a reduction C, a scale-shift D to inline and the ReLU E that
+    reads it (a convolution's batch norm and ReLU)."""
+    A, B = placeholder((m, k), "A"), placeholder((k, n), "B")
+    s, b = placeholder((n,), "s"), placeholder((n,), "b")
+    r = reduce_axis(k, "k")
+    C = compute((m, n), lambda i, j: sum_(A[i, r] * B[r, j], axis=r), "C")
+    D = compute((m, n), lambda i, j: C[i, j] * s[j] + b[j], "D")
+    E = compute((m, n), lambda i, j: relu(D[i, j]), "E")
+    return naive_program(Computation("scaled_relu", [E]))
+
 
 def small_search(monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes `explore` search an eighth of the default population on one island: a round of

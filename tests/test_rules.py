@@ -9,6 +9,7 @@ import json
 from functools import cache
 
 import pytest
+from conftest import scaled_relu_matmul
 from egglog import eq
 
 import eqsched.rules.fuse as fuse_module
@@ -16,7 +17,6 @@ from eqsched.backend import compile_program
 from eqsched.egraph.facts import facts_of, partials_limit
 from eqsched.egraph.saturate import saturate
 from eqsched.egraph.space import Space, build_space
-from eqsched.expr import relu
 from eqsched.ir import naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.rules import (
@@ -33,7 +33,7 @@ from eqsched.rules.analysis import blocked_groups
 from eqsched.rules.fuse import fusible, unsafe_groups
 from eqsched.rules.rfactor import factorable
 from eqsched.schedule import Schedule
-from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
+from eqsched.te import Computation, compute, placeholder
 from eqsched.workloads import get_workload
 
 
@@ -417,21 +417,9 @@ def test_init_and_update_fuse(matmul):
 
 
 
-def scaled_relu_matmul():
-    """relu(A @ B * s + b): a reduction, a scale-shift to inline and the ReLU that reads it (a
-    convolution's batch norm and ReLU)."""
-    A, B = placeholder((4, 5), "A"), placeholder((5, 6), "B")
-    s, b = placeholder((6,), "s"), placeholder((6,), "b")
-    k = reduce_axis(5, "k")
-    C = compute((4, 6), lambda i, j: sum_(A[i, k] * B[k, j], axis=k), "C")
-    D = compute((4, 6), lambda i, j: C[i, j] * s[j] + b[j], "D")
-    E = compute((4, 6), lambda i, j: relu(D[i, j]), "E")
-    return naive_program(Computation("scaled_relu", [E]))
-
-
 def test_an_epilogue_reads_the_reduction_through_an_inlined_stage_and_fuses_into_its_tile(
         monkeypatch):
-    naive_epilogue = scaled_relu_matmul()
+    naive_epilogue = scaled_relu_matmul(4, 6, 5)
     sch = Schedule(naive_epilogue)
     sch.inline("D")  # E now reads C itself, a point at a time
     sch.fuse("C.init", at="C.j")

@@ -9,11 +9,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import scaled_relu_matmul
 
 from eqsched.backend import CompileOptions, compile_program
 from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import BlockRef, Cached, symbols, walk
-from eqsched.expr import Const, relu
+from eqsched.expr import Const
 from eqsched.extract import Candidate, CostModel, EvolutionarySearch, get_cost_model
 from eqsched.extract.analytic import AnalyticModel
 from eqsched.extract.search import (
@@ -28,7 +29,6 @@ from eqsched.model import extract_tasks, get_model
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.rules import default_rules, resolve
 from eqsched.schedule import Schedule
-from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
 from eqsched.workloads import get_workload
 
 
@@ -664,19 +664,8 @@ def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space)
 
 
 
-def scaled_relu_matmul():
-    """relu((A @ B) * s + b) at 8 x 16 x 8: a reduction, a scale-shift and a ReLU."""
-    A, B = placeholder((8, 8), "A"), placeholder((8, 16), "B")
-    s, b = placeholder((16,), "s"), placeholder((16,), "b")
-    k = reduce_axis(8, "k")
-    C = compute((8, 16), lambda i, j: sum_(A[i, k] * B[k, j], axis=k), "C")
-    D = compute((8, 16), lambda i, j: C[i, j] * s[j] + b[j], "D")
-    E = compute((8, 16), lambda i, j: relu(D[i, j]), "E")
-    return naive_program(Computation("scaled_relu", [E]))
-
-
 def test_an_epilogue_twin_inlines_the_scale_shift_and_fuses_the_relu_into_the_tile():
-    space = build_space(scaled_relu_matmul(), default_rules())
+    space = build_space(scaled_relu_matmul(8, 16, 8), default_rules())
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=6)
     made = 0
     for _ in range(60):
