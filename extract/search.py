@@ -639,7 +639,7 @@ class EvolutionarySearch:
             if fused is not None:
                 term = fused
                 break
-        if term == cand.term or not self._holds(term, cand.sizes):
+        if term == cand.term:  # each step above kept a term the space holds
             return None
         return self._grow(self.space.picks_for(term), _assignment(_sizes_of(term, cand.sizes)))
 
@@ -678,23 +678,18 @@ class EvolutionarySearch:
         over groups the reader shares, those loops made serial; None when the space has no
         such program."""
         facts = self.space.facts
-        anchor, reader = term.body[index], term.body[index + 1]
-        readers = _block_names(reader)
+        anchor, own = term.body[index], _loop_chain(term.body[index + 1])
         updates = [b for b in _block_names(anchor) if facts.blocks[b].reduce is not None]
-        if len(readers) != 1 or not updates or facts.blocks[next(iter(readers))].reduce:
+        if own is None or not updates or facts.blocks[own[1].name].reduce:
             return None
-        shared = set(facts.groups_of(next(iter(readers))))
+        loops, leaf = own
+        shared = set(facts.groups_of(leaf.name))
         shared -= set().union(*(facts.reduce_groups[u] for u in updates))
-        path = _path_to_block(anchor, updates[0])
         chain: list[PieceLoop] = []
-        for loop in path:
+        for loop in _path_to_block(anchor, updates[0]):
             if loop.group not in shared or isinstance(loop, RfactorLoop):
                 break
             chain.append(loop)
-        own = _loop_chain(reader)
-        if own is None:
-            return None
-        loops, leaf = own
         for depth in range(len(chain), 0, -1):
             outer = {(lp.group, lp.path) for lp in chain[:depth]}
             inner = [lp for lp in loops if (lp.group, lp.path) not in outer]

@@ -64,8 +64,8 @@ def fusible(facts: Facts) -> set[tuple[str, str, str]]:
     or inside one of them, where it reads a point the first's nest has finished."""
     unsafe = unsafe_groups(facts)
     links = {(w, r, gr) for w, r, gr in facts.elementwise if gr not in unsafe}
-    inlinable_blocks = {name for name, blk in facts.blocks.items()
-                        if blk.stage in inlinable(facts)}
+    stages = set(inlinable(facts))
+    inlinable_blocks = {name for name, blk in facts.blocks.items() if blk.stage in stages}
     out = set(links)
     while True:
         through = {(w, r, gr) for w, mid, gr in out
