@@ -38,10 +38,11 @@ are re-loaded in it, as LLVM does (B[k, j] invariant in i but unrolled 16 x 4 ve
 operation that does not depend on the vectorized loop is scalar (a broadcast, for loads). A
 vector access whose lanes are not contiguous is a gather (a load per lane, never hoisted); an
 index that is not affine (a packed panel narrower than the vector) costs scalar integer code per
-lane. An accumulator in memory whose vector is a tail narrower than a register (7 of 8 lanes)
-is loaded and stored at every point, in the power-of-two pieces the backend accesses it in: LLVM
-promotes none of them. A local tile whose accesses depend on unrolled and vectorized loops only
-(of those inside its alloc) lives in registers, and counts whole toward them. Accumulators kept
+lane. An accumulator in memory whose vector is a tail narrower than a register and not a power
+of two (7 of 8 lanes) is loaded and stored at every point, in the power-of-two pieces the
+backend accesses it in: LLVM promotes none of them (8 of 16 lanes is a plain ymm). A local tile
+whose accesses depend on unrolled and vectorized loops only (of those inside its alloc) lives in
+registers, and counts whole toward them. Accumulators kept
 in registers (carried through the innermost serial loop, or through unrolled copies of a loop
 they do not depend on) spill beyond the register file less one
 copy of a streamed operand and every copy across the tile of the shared operand with fewer
@@ -385,18 +386,23 @@ class _BlockCoster:
         vec = [d for d, lp in enumerate(loops) if lp.kind == LoopKind.VECTOR]
         self.vec = vec[0] if vec else None
         self.lanes = loops[self.vec].extent if vec else 1
-        # A tail narrower than a register (7 of 8 lanes, 19 = 16 + 3) keeps its width and is
-        # moved in power-of-two pieces; a wider one of whole half registers runs its pieces as
-        # vectors (56: 32, 16, 8), another as a masked vector of whole registers (63: 4 zmm).
+        # A tail narrower than a register keeps its width: a power of two (8 of 16 lanes) is a
+        # plain narrower vector; another (7 of 8, 19 = 16 + 3) computes at the next power of
+        # two and is moved in power-of-two pieces. A wider tail of whole half registers runs
+        # its pieces as vectors (56: 32, 16, 8), another as a masked vector of whole registers
+        # (63: 4 zmm). `tail_widths`: (share of steps, widths computed, widths moved).
         tail = _tail(blk, loops[self.vec]) if vec else None
-        self.narrow_tail = self.wide_tail = None
+        self.narrow_tail = None
+        self.tail_widths: tuple[float, tuple[int, ...], tuple[int, ...]] | None = None
         if tail is not None:
             share, active = tail
-            pieces = (share, tuple(lanes for _, lanes in tail_pieces(active)))
+            pieces = tuple(lanes for _, lanes in tail_pieces(active))
             if active < min(self.lanes, machine.vector_lanes):
-                self.narrow_tail = pieces
+                self.tail_widths = (share, (1 << (active - 1).bit_length(),), pieces)
+                if len(pieces) > 1:
+                    self.narrow_tail = (share, pieces)
             elif in_pieces(active, machine.vector_lanes):
-                self.wide_tail = pieces
+                self.tail_widths = (share, pieces, pieces)
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
         # The backend runs a small straight-line body several times per step of that loop.
@@ -450,9 +456,10 @@ class _BlockCoster:
                     latency = self._count(placed) * self._registers(deps) * RMW_CYCLES
                 if self.narrow_tail is not None and not scattered \
                         and store.buffer not in self.local:
-                    # ... nor a tail narrower than a register (7 of 8 lanes): the backend
-                    # accesses it in power-of-two pieces of its exact width, and LLVM keeps
-                    # those in memory, loaded and stored at every point of the tail.
+                    # ... nor a tail narrower than a register that is not a power of two (7
+                    # of 8 lanes): the backend accesses it in power-of-two pieces of its exact
+                    # width, and LLVM keeps those in memory, loaded and stored at every point
+                    # of the tail (8 of 16 lanes is one ymm, promoted like any register).
                     share, pieces = self.narrow_tail
                     for port in ("loads", "stores"):
                         self._op(port, len(pieces) * share, everywhere,
@@ -539,13 +546,15 @@ class _BlockCoster:
 
     def _op_cycles(self, port: str, width: int) -> float:
         """Cycles of one operation `width` lanes wide, on average over the vector loop's steps:
-        a wide tail's steps run its pieces (56 of 64 lanes: two zmm, one zmm and one ymm, which
-        a core of half-width units runs in three and a half zmm's time, not four)."""
+        a tail's steps run at its widths (56 of 64 lanes: two zmm, one zmm and one ymm, which a
+        core of half-width units runs in three and a half zmm's time, not four; 8 of 16: one
+        ymm)."""
         whole = self.machine.op_cycles(port, width)
-        if self.wide_tail is None or width != self.lanes:
+        if self.tail_widths is None or width != self.lanes:
             return whole
-        share, pieces = self.wide_tail
-        return (1 - share) * whole + share * sum(self.machine.op_cycles(port, w) for w in pieces)
+        share, computed, moved = self.tail_widths
+        widths = computed if port == "compute" else moved
+        return (1 - share) * whole + share * sum(self.machine.op_cycles(port, w) for w in widths)
 
     # ---- expressions -------------------------------------------------------------------------
 

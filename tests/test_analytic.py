@@ -624,6 +624,22 @@ def test_an_accumulator_narrower_than_a_register_goes_through_memory_at_every_st
     assert stores[7] > 50 * stores[8]
 
 
+
+def test_a_tail_of_a_power_of_two_lanes_is_a_narrower_register(avx512):
+    # 8 of 16 lanes is a plain ymm: LLVM keeps its accumulators in registers over k like any
+    # other (conv2d's 56 columns as 16-lane steps, the last 8 wide, ran clean FMA loops) and
+    # a core of half-width units runs its FMAs at twice the zmm rate; 7 of 16 goes through
+    # memory in pieces of 4, 2 and 1.
+    half_wide = dataclasses.replace(avx512, fma_per_cycle=1.0, fma_per_cycle_half=2.0)
+    model = AnalyticModel(half_wide)
+    terms = {}
+    for n in (23, 24, 32):
+        naive = naive_program(get_workload("matmul").build(32, n, 256))
+        terms[n] = model.breakdown(carried_rows(naive, n, 4, 16))
+    assert terms[24]["stores"] < terms[32]["stores"]  # once per row, half of it a ymm
+    assert terms[23]["stores"] > 20 * terms[24]["stores"]  # at every k
+    assert terms[24]["compute"] == pytest.approx(0.75 * terms[32]["compute"])
+
 def rows_of_a_vector(n: int):
     """C's rows as one 64-lane vector step over n columns, four rows unrolled around the
     innermost k loop (their accumulators carried in registers)."""
