@@ -10,8 +10,9 @@ stored measurement is used, nothing is run) and otherwise measured in a worker p
 against the numpy reference before it is timed, and stored at once (`eqsched.trials`: the
 settings, the measurement key, measuring or looking up one candidate). The cost model then learns
 from the batch and the next round is ranked with it. The learned model starts from every
-measurement the database holds of this machine and target (all runs and workloads,
-`LearnedModel.add_history`), so a run ranks its first round with what earlier runs taught; a run
+measurement the database holds of this machine and target (all runs and workloads, and a
+model's tasks its tuner is given, `LearnedModel.add_history`), so a run ranks its first round
+with what earlier runs taught; a run
 of settings the database has run before (same workload, size, seed, budget, rules, cost model and
 measurement settings) starts from what the first of them started from (`_learned_from`), not from
 what that one measured, so it walks the same path. The
@@ -56,7 +57,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -270,7 +271,8 @@ class TaskTuner:
     computation's `default_schedule` is the run's first trial (round 0, counted in the budget),
     so its best is never slower than what the computation runs untuned; task tuning asks for it,
     `explore` does not (its result is what the space found). All calls must come from one
-    thread (the one that owns the e-graph)."""
+    thread (the one that owns the e-graph). `related`: other computations (a model's other
+    tasks) whose stored measurements the learned model also starts from."""
 
     def __init__(self, computation: Computation, *, key: tuple[str, list[int]] | None = None,
                  trials: int | None = None, seconds: float | None = None,
@@ -279,7 +281,8 @@ class TaskTuner:
                  rules: RuleSpec = None, limits: Limits | None = None, batch: int = 16,
                  jobs: int = 1, population: int = POPULATION, settings: Settings | None = None,
                  target: str | Target | None = None, measure_naive: bool = True,
-                 measure_default: bool = False, progress: Progress | None = None):
+                 measure_default: bool = False, progress: Progress | None = None,
+                 related: Sequence[Computation] = ()):
         from .rules import resolve
 
         self.budget = _Budget(0, None if seconds is None else check_seconds(seconds), batch,
@@ -310,7 +313,9 @@ class TaskTuner:
                     rules=[r.name for r in self.rules], cost_model=self.model.name,
                     config=asdict(settings), threads=self.options.thread_count,
                     target=settings.target)
-                stored = self.model.add_history(self.database, rows=rows)
+                # Tasks of a model are stored under keys no registry rebuilds: name them.
+                known = {computation_key(c)[0]: c for c in (computation, *related)}
+                stored = self.model.add_history(self.database, rows=rows, computations=known)
                 self.say("learning", {"stored": stored, "as_run": again})
         except Exception:
             self.close_database()

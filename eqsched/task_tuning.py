@@ -200,7 +200,8 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
                 rules=rules, limits=limits, batch=slice_trials, jobs=jobs,
                 population=population, settings=settings,
                 target=target, measure_naive=False, measure_default=True,
-                progress=lambda event, data: say(event, {**data, "task": name}))
+                progress=lambda event, data: say(event, {**data, "task": name}),
+                related=[t.computation for j, t in enumerate(tasks) if j != i])
         return tuners[i]
 
     try:

@@ -46,7 +46,7 @@ import hashlib
 import inspect
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     import lightgbm
 
     from eqsched.db import Database, TrainingRow
+    from eqsched.te import Computation
 
 _TINY = 1e-12
 MIN_SAMPLES = 64
@@ -162,12 +163,15 @@ def inputs_key(prior: CostModel | None, hardware: Hardware) -> str:
 def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
             threads: int | None = None,
             machine_key: str | None = None, workloads: Sequence[str] | None = None,
-            target: str = "host", rows: Sequence[TrainingRow] | None = None
+            target: str = "host", rows: Sequence[TrainingRow] | None = None,
+            computations: Mapping[str, Computation] | None = None
             ) -> tuple[list[tuple[str, Example]], int]:
     """Examples of every stored measurement `training_rows` selects (or of `rows`, read from
     `db` already), each with its workload
     name, and how many could not be replayed (traces of an older schedule format, or of a
-    computation that is no registered workload). Inputs are
+    computation that is neither a registered workload nor in `computations`, by the workload
+    name it is stored under: a model's tasks are made at run time, and only their tuner knows
+    them, `explore.computation_key`). Inputs are
     cached in the database (when it is writable): replaying a trace and computing features and
     the prior costs about 25 ms a measurement."""
     from eqsched.db import training_rows
@@ -180,19 +184,21 @@ def history(db: Database, prior: CostModel | None, hardware: Hardware, *,
     key = inputs_key(prior, hardware)
     cached = db.derived(key, [r.id for r in rows])
     naive: dict[str, Program] = {}
+    known = computations or {}
     fresh: dict[int, list[float]] = {}
     out: list[tuple[str, Example]] = []
     skipped = 0
     for row in rows:
         if row.key not in naive:
-            try:
-                workload = get_workload(row.workload)
-            except WorkloadError:
-                # A task's computation (explore.computation_key), made at run time by the
-                # process that tuned it: nothing here can rebuild its naive program.
-                skipped += 1
-                continue
-            naive[row.key] = naive_program(workload.build(*row.size))
+            if row.workload in known and not row.size:
+                naive[row.key] = naive_program(known[row.workload])
+            else:
+                try:
+                    workload = get_workload(row.workload)
+                except WorkloadError:  # a task's computation that no caller named
+                    skipped += 1
+                    continue
+                naive[row.key] = naive_program(workload.build(*row.size))
         x = cached.get(row.id)
         if x is None or len(x) != len(FEATURE_NAMES) + 1:
             try:
@@ -369,12 +375,15 @@ class LearnedModel(CostModel):
         self._stale = True
 
     def add_history(self, db: Database, threads: int | None = None, target: str = "host",
-                    rows: Sequence[TrainingRow] | None = None) -> int:
+                    rows: Sequence[TrainingRow] | None = None,
+                    computations: Mapping[str, Computation] | None = None) -> int:
         """Learn from this machine's stored measurements in `db` for `target` (a `Target.spec`;
         those of parallel programs timed with `threads` threads, if given), or from `rows` of
-        them already read (`db.training_rows`); returns how many it added."""
+        them already read (`db.training_rows`); returns how many it added. Measurements of a
+        computation that is no registered workload (a model's task) count when `computations`
+        has it under the workload name it is stored under."""
         found, _ = history(db, self.prior, self.hardware, threads=threads, target=target,
-                           rows=rows)
+                           rows=rows, computations=computations)
         return self.add_examples([example for _, example in found])
 
     def add_examples(self, examples: Sequence[Example], *, current: bool = False) -> int:

@@ -12,7 +12,7 @@ from conftest import LatencyCurve, small_search
 from eqsched.db import Database
 from eqsched.default_schedule import default_schedule
 from eqsched.egraph.saturate import SaturationError
-from eqsched.explore import Settings, computation_key
+from eqsched.explore import Settings, TaskTuner, computation_key
 from eqsched.expr import relu
 from eqsched.task_scheduler import GradientScheduler, RoundRobin, SchedulerError, TaskState
 from eqsched.task_tuning import Task, format_table, run_rounds, signature, table, tune_tasks
@@ -258,3 +258,26 @@ def test_an_interrupted_run_stores_every_task_interrupted_and_resumes(tmp_path, 
     resumed = tune()
     assert not resumed.interrupted and resumed.measured == 4  # the first slice is looked up
     assert [len(r.trials) for r in resumed.results] == [4, 4]
+
+
+def test_a_task_s_learned_model_starts_from_the_stored_measurements_of_the_model_s_tasks(
+        tuned, tmp_path):
+    # Tasks are stored under keys no registry rebuilds (name@hash): a tuner learns from those
+    # of its own computation and of the related ones it is given, as `tune_tasks` gives each
+    # task its siblings.
+    db, tasks, _, _ = tuned
+    copy = tmp_path / "x.db"
+    shutil.copy(db, copy)
+    with Database(copy) as d:
+        correct = [sum(r.correct for r in d.records(*computation_key(t.computation)))
+                   for t in tasks]
+
+    def stored(task, related):
+        events = []
+        TaskTuner(task.computation, db=copy, cost_model="learned", rules=RULES, settings=FAST,
+                  related=related, progress=lambda event, data: events.append((event, data))
+                  ).close()
+        return dict(events)["learning"]["stored"]
+
+    assert stored(tasks[2], []) == correct[2] > 0
+    assert stored(tasks[2], [t.computation for t in tasks[:2]]) == sum(correct)
