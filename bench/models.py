@@ -33,6 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eqsched.args import early_stopping_arg
+from eqsched.task_scheduler import EARLY_STOPPING
+
 MODELS = {"mlp": {}, "mlp-64": {"batch": 64}, "bert_layer": {}, "resnet_block": {}}
 BAR_MODELS, BAR = ("bert_layer", "resnet_block"), 1.0
 SCHEDULERS = ["gradient", "round-robin"]
@@ -100,7 +103,7 @@ def copy_database(source: Path, copy: Path) -> None:
 
 
 def part_schedulers(name: str, schedulers: list[str], budgets: list[int], seed: int,
-                    keep: Path) -> None:
+                    keep: Path, early_stopping: int | None = EARLY_STOPPING) -> None:
     """Tune `name` with each scheduler for the largest budget, in one run per scheduler, and
     keep a copy of its database as it passes each budget in `keep`, named
     `<model>.<scheduler>.<trials>.db` (the trials spent when the copy was made: the first
@@ -128,7 +131,7 @@ def part_schedulers(name: str, schedulers: list[str], budgets: list[int], seed: 
                     copy_database(db, keep / f"{name}.{scheduler}.{data['trials']}.db")
 
             result = tune_model(model, max(budgets), scheduler=scheduler, db=db, seed=seed,
-                                threads=1, progress=progress)
+                                threads=1, early_stopping=early_stopping, progress=progress)
             copy_database(db, keep / f"{name}.{scheduler}.{result.trials}.db")
             print(f"  {name} {scheduler}: {result.trials} trials, "
                   f"{result.latency_s * 1e3:.3f} ms when it ended, "
@@ -178,6 +181,9 @@ def main() -> None:
                          "both; one alone lets two processes tune side by side into one --keep)")
     ap.add_argument("--budgets", nargs="*", type=int, default=[200, 500, 1000])
     ap.add_argument("--keep", help="with --schedulers: keep each budget's database here")
+    ap.add_argument("--early-stopping", type=early_stopping_arg, default=EARLY_STOPPING,
+                    metavar="N|off", help="with --schedulers: a task is done after N trials "
+                    f"without a gain (default {EARLY_STOPPING}; off: the whole budget)")
     ap.add_argument("--retime", metavar="DIR",
                     help="time the databases a --schedulers --keep DIR run kept, tuning nothing")
     ap.add_argument("--json", help="also write every figure to this file")
@@ -198,7 +204,8 @@ def main() -> None:
                 keep = Path(args.keep or args.retime or tmp)
                 schedulers = args.schedulers or SCHEDULERS
                 if not args.retime:
-                    part_schedulers(n, schedulers, args.budgets, args.seed, keep)
+                    part_schedulers(n, schedulers, args.budgets, args.seed, keep,
+                                    args.early_stopping)
                 rows += time_schedulers(n, keep, schedulers, args.repeats, args.seed)
         print("model         scheduler     trials  latency ms  onnxrt ms  vs onnxrt  spread")
         for r in rows:

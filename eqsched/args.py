@@ -143,6 +143,17 @@ def seed_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def early_stopping_arg(text: str) -> int | None:
+    """An argparse type: trials without a gain after which a task is done (a count >= 1), or
+    'off' (None: every task goes on until the budget is spent)."""
+    if text == "off":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--early-stopping takes a count of trials >= 1 or "
+                                         f"'off', got {text!r}")
+    return int(text)
+
+
 def check_writable(path: str | os.PathLike, what: str) -> None:
     """Refuse an output file that could not be written, before the work whose result it holds
     (an exploration, a saturation, a sample's measurements), not after it. A probe file is

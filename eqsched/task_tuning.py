@@ -43,7 +43,13 @@ from .egraph.saturate import Limits, SaturationError
 from .explore import DEFAULT_DB, POPULATION, ExploreResult, Progress, TaskTuner, check_population
 from .expr import to_str
 from .extract import CostModel
-from .task_scheduler import SchedulerError, TaskScheduler, TaskState, get_scheduler
+from .task_scheduler import (
+    EARLY_STOPPING,
+    SchedulerError,
+    TaskScheduler,
+    TaskState,
+    get_scheduler,
+)
 from .te import Computation
 from .trials import Settings, check_seed
 
@@ -165,7 +171,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def tune_tasks(tasks: Sequence[Task], trials: int, *,
                scheduler: str | TaskScheduler = "gradient", slice_trials: int = 16,
-               early_stopping: int | None = 64, db: str | Path | Database = DEFAULT_DB,
+               early_stopping: int | None = EARLY_STOPPING,
+               db: str | Path | Database = DEFAULT_DB,
                seed: int = 0, cost_model: str | CostModel = "learned", rules: RuleSpec = None,
                limits: Limits | None = None, jobs: int = 1, population: int = POPULATION,
                settings: Settings | None = None, target: str | Target | None = None,
@@ -251,7 +258,7 @@ class Tunable(Protocol):
 
 def run_rounds(states: Sequence[TaskState], tuner_of: Callable[[int], Tunable],
                scheduler: TaskScheduler, trials: int, *, slice_trials: int = 16,
-               early_stopping: int | None = 64, progress: Progress | None = None
+               early_stopping: int | None = EARLY_STOPPING, progress: Progress | None = None
                ) -> tuple[list[int], bool]:
     """The rounds of `tune_tasks` over `states` (updated in place): `scheduler` picks a task,
     `tuner_of(id)` tunes it for a slice, the loop records its best latency and says whether it

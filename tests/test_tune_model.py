@@ -47,12 +47,13 @@ def test_a_tuned_model_is_correct_end_to_end_and_a_rerun_measures_nothing(tmp_pa
 def test_the_model_run_records_the_curve_and_each_task_before_and_after(tmp_path):
     model = get_model("mlp", **TINY_MLP)
     result = tune_model(model, 24, db=tmp_path / "m.db", threads=1, population=16,
-                        scheduler="round-robin", seed=3)
+                        scheduler="round-robin", seed=3, early_stopping=None)
     with Database(tmp_path / "m.db", readonly=True) as d:
         (run,) = d.model_runs("mlp")
     assert (run["model"], run["fingerprint"]) == ("mlp", model_fingerprint(model))
     assert run["settings"] == {"scheduler": "round-robin", "trials": 24, "seed": 3,
-                               "threads": 1, "target": "host", "population": 16}
+                               "threads": 1, "target": "host", "population": 16,
+                               "early_stopping": None}
     assert run["versions"]["python"] and run["machine"]["cores"] >= 1
     summary = run["summary"]
     assert summary["latency_s"] == result.latency_s and summary["correct"] is True
@@ -144,6 +145,7 @@ def test_the_command_tunes_an_onnx_file_and_prints_one_json_object(tmp_path):
     (["mlp", "--trials", "0"], "--trials must be >= 1"),
     (["mlp", "--population", "1"], "--population must be >= 2"),
     (["mlp", "--target", "z80"], "target 'z80'"),
+    (["mlp", "--early-stopping", "0"], "--early-stopping takes a count of trials >= 1 or 'off'"),
 ])
 def test_bad_input_is_one_line_before_anything_is_tuned(tmp_path, args, message):
     done = tune_model_cmd(*args, "--db", str(tmp_path / "m.db"), cwd=tmp_path)

@@ -22,9 +22,17 @@ choices. It imports nothing else of eqsched, so it can be tested on synthetic st
 See docs/ARCHITECTURE.md §21 Task scheduling.
 """
 
-from .base import SCHEDULERS, SchedulerError, TaskScheduler, TaskState, get_scheduler, register
+from .base import (
+    EARLY_STOPPING,
+    SCHEDULERS,
+    SchedulerError,
+    TaskScheduler,
+    TaskState,
+    get_scheduler,
+    register,
+)
 from .gradient import GradientScheduler
 from .round_robin import RoundRobin
 
-__all__ = ["GradientScheduler", "RoundRobin", "SCHEDULERS", "SchedulerError", "TaskScheduler",
-           "TaskState", "get_scheduler", "register"]
+__all__ = ["EARLY_STOPPING", "GradientScheduler", "RoundRobin", "SCHEDULERS", "SchedulerError",
+           "TaskScheduler", "TaskState", "get_scheduler", "register"]

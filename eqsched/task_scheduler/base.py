@@ -16,6 +16,10 @@ class SchedulerError(ValueError):
     """An unknown scheduler name, or a scheduler setting it cannot use."""
 
 
+# Trials without a gain after which the tuning loop calls a task done, unless told otherwise.
+EARLY_STOPPING = 64
+
+
 @dataclass
 class TaskState:
     """What a scheduler knows of one task. `history[r]` is the task's best latency in seconds

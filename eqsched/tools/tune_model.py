@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..args import TARGET_HELP, CliError, seed_arg
+from ..args import TARGET_HELP, CliError, early_stopping_arg, seed_arg
 from ..backend import CompileOptions
 from ..backend.target import Target, TargetError
 from ..model import Model, ModelError
+from ..task_scheduler import EARLY_STOPPING
 
 if TYPE_CHECKING:
     from ..compiled_model import CompiledModel
@@ -113,10 +114,13 @@ def model_fingerprint(model: Model) -> str:
 def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
                db: str | Path = "eqsched.db", seed: int = 0, threads: int | None = None,
                target: str | None = None, population: int | None = None,
+               early_stopping: int | None = EARLY_STOPPING,
                onnx_source: str | Path | None = None, progress: Any = None) -> ModelTuningResult:
     """Tune `model`'s tasks for `trials` in all and compile, check and time it end to end (see
-    the module docstring), recorded in the database as a model run. `onnx_source`: the file an
-    imported model came from, which onnxruntime runs for the second check."""
+    the module docstring), recorded in the database as a model run. `early_stopping`: trials
+    without a gain after which a task is done (None: every task goes on until the budget is
+    spent). `onnx_source`: the file an imported model came from, which onnxruntime runs for the
+    second check."""
     from ..db import Database, DatabaseError, workload_key
     from ..explore import POPULATION, check_population, computation_key
     from ..machine_model import describe
@@ -131,6 +135,8 @@ def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
     # Bad settings are refused before a run is recorded: it would only be a failed one.
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
+    if early_stopping is not None and early_stopping < 1:
+        raise ValueError(f"early_stopping must be >= 1 or None, got {early_stopping}")
     get_scheduler(scheduler, seed)
     check_population(population)
     check_seed(seed)
@@ -141,7 +147,7 @@ def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
             model=model.name, fingerprint=model_fingerprint(model),
             settings={"scheduler": scheduler, "trials": trials, "seed": seed,
                       "threads": options.thread_count, "target": options.target.spec,
-                      "population": population},
+                      "population": population, "early_stopping": early_stopping},
             machine=facts, versions=facts.get("versions", {}))
         # Filled in as the run goes, so an interrupted or failed run records what it got to.
         summary: dict[str, Any] = {
@@ -151,7 +157,8 @@ def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
         try:
             result = _tune_and_run(model, model_tasks, trials, summary, database,
                                    options=options, settings=settings, scheduler=scheduler,
-                                   seed=seed, population=population, onnx_source=onnx_source,
+                                   seed=seed, population=population,
+                                   early_stopping=early_stopping, onnx_source=onnx_source,
                                    progress=progress)
         except BaseException as err:
             interrupted = isinstance(err, KeyboardInterrupt)
@@ -171,8 +178,8 @@ def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
 def _tune_and_run(model: Model, model_tasks: list[ModelTask], trials: int,
                   summary: dict[str, Any], database: Database, *, options: CompileOptions,
                   settings: Settings, scheduler: str,
-                  seed: int, population: int, onnx_source: str | Path | None,
-                  progress: Any) -> ModelTuningResult:
+                  seed: int, population: int, early_stopping: int | None,
+                  onnx_source: str | Path | None, progress: Any) -> ModelTuningResult:
     """`tune_model`'s work on an open database, writing what it measures into `summary` (its
     task rows, in the tasks' order, and the curve) as it goes."""
     from ..compiled_model import CompiledModel
@@ -193,7 +200,8 @@ def _tune_and_run(model: Model, model_tasks: list[ModelTask], trials: int,
     default = CompiledModel(model, options=options, tasks=model_tasks)
     tuned = tune_tasks([Task(t.name, t.computation, t.weight) for t in model_tasks], trials,
                        scheduler=scheduler, db=database, seed=seed, settings=settings,
-                       population=population, progress=recording)
+                       population=population, early_stopping=early_stopping,
+                       progress=recording)
     for row, table_row in zip(rows, tuned.tasks):
         row.update({k: table_row[k] for k in ("trials", "best_gflops", "latency_s",
                                               "weighted_latency_s", "done")})
@@ -261,9 +269,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target", default="host", help=TARGET_HELP)
     p.add_argument("--population", type=int,
                    help="candidates each task's search evolves a round (default: the search's)")
+    p.add_argument("--early-stopping", type=early_stopping_arg, default=EARLY_STOPPING,
+                   metavar="N|off", help="a task is done after N trials without a gain "
+                   f"(default {EARLY_STOPPING}); off: every task goes on until --trials are spent")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (progress goes to stderr)")
     p.set_defaults(run=_cmd_tune_model)
+
 
 
 def _cmd_tune_model(args: Any) -> int:
@@ -300,7 +312,7 @@ def _cmd_tune_model(args: Any) -> int:
     try:
         result = tune_model(model, args.trials, scheduler=args.scheduler, db=args.db,
                             seed=args.seed, threads=args.threads, target=args.target,
-                            population=args.population,
+                            population=args.population, early_stopping=args.early_stopping,
                             onnx_source=args.model if args.model.endswith(".onnx") else None,
                             progress=show)
     except (DatabaseError, SchedulerError) as err:
