@@ -183,7 +183,7 @@ def main() -> None:
     ap.add_argument("--keep", help="with --schedulers: keep each budget's database here")
     ap.add_argument("--early-stopping", type=early_stopping_arg, default=EARLY_STOPPING,
                     metavar="N|off", help="with --schedulers: a task is done after N trials "
-                    f"without a gain (default {EARLY_STOPPING}; off: the whole budget)")
+                    "without a gain (default off: the whole budget)")
     ap.add_argument("--retime", metavar="DIR",
                     help="time the databases a --schedulers --keep DIR run kept, tuning nothing")
     ap.add_argument("--json", help="also write every figure to this file")

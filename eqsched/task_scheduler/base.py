@@ -16,8 +16,10 @@ class SchedulerError(ValueError):
     """An unknown scheduler name, or a scheduler setting it cannot use."""
 
 
-# Trials without a gain after which the tuning loop calls a task done, unless told otherwise.
-EARLY_STOPPING = 64
+# Trials without a gain after which the tuning loop calls a task done, unless told otherwise:
+# never, as in TVM's task scheduler: a task's best tile can come after a long stale stretch, and
+# a budget given is spent (docs/ARCHITECTURE.md §21).
+EARLY_STOPPING: int | None = None
 
 
 @dataclass

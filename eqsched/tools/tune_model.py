@@ -270,8 +270,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--population", type=int,
                    help="candidates each task's search evolves a round (default: the search's)")
     p.add_argument("--early-stopping", type=early_stopping_arg, default=EARLY_STOPPING,
-                   metavar="N|off", help="a task is done after N trials without a gain "
-                   f"(default {EARLY_STOPPING}); off: every task goes on until --trials are spent")
+                   metavar="N|off", help="a task is done after N trials without a gain; off "
+                   "(the default): every task goes on until --trials are spent")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (progress goes to stderr)")
     p.set_defaults(run=_cmd_tune_model)
