@@ -21,6 +21,7 @@ SMALL_MODELS = [("mlp", {"inputs": 12, "hidden": 8, "outputs": 5}),
                 ("bert_layer", {"seq": 8, "hidden": 16, "heads": 2, "ffn": 32}),
                 ("resnet_block", {"channels": 4, "size": 6})]
 
+
 def scaled_relu_matmul(m: int, n: int, k: int) -> Program:
     """relu(A @ B * s + b), naive: a reduction C, a scale-shift D to inline and the ReLU E that
     reads it (a convolution's batch norm and ReLU)."""

@@ -416,7 +416,6 @@ def test_init_and_update_fuse(matmul):
     assert any({"C.init", "C.update"} <= g.reach(body)[0] for _, _, _, body in g.loops())
 
 
-
 def test_an_epilogue_reads_the_reduction_through_an_inlined_stage_and_fuses_into_its_tile(
         monkeypatch):
     naive_epilogue = scaled_relu_matmul(4, 6, 5)

@@ -663,7 +663,6 @@ def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space)
     assert made >= 3
 
 
-
 def test_an_epilogue_twin_inlines_the_scale_shift_and_fuses_the_relu_into_the_tile():
     space = build_space(scaled_relu_matmul(8, 16, 8), default_rules())
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=6)

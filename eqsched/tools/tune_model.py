@@ -277,7 +277,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=_cmd_tune_model)
 
 
-
 def _cmd_tune_model(args: Any) -> int:
     from ..db import DatabaseError
     from ..task_scheduler import SchedulerError, get_scheduler
