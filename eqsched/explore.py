@@ -93,8 +93,8 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
 
 DEFAULT_DB = "eqsched.db"
 POPULATION = EvolutionarySearch.__init__.__kwdefaults__["population"]
-# The first round stops adding islands once its best is predicted at this share of one core's
-# peak: lower, the analytic model's optimism settled mm_exp_mm and matmul 197x3072x768 after one
+# The first round stops adding islands once its best is predicted at this share of the peak of
+# the cores the program may use: lower, the analytic model's optimism settled mm_exp_mm and matmul 197x3072x768 after one
 # island on programs that three islands beat (docs/ARCHITECTURE.md §17.3).
 SETTLED_SHARE = 0.9
 __all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings",
@@ -508,15 +508,18 @@ def check_population(population: Any) -> int:
 def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
             calibrated_peak_gflops: float, population: int, threads: int) -> EvolutionarySearch:
     """The run's search: it waits while a candidate is timed. A first-round population predicted
-    at SETTLED_SHARE of one core's peak or better needs no more islands (at all cores' peak the
-    threshold went unmet with two threads and every island ran: docs/ARCHITECTURE.md §17.3). The
-    peak is the target's calibrated one (the machine model, cached on disk), never one measured
-    in the process: that varied with the load (32 to 169 GFLOPS on one machine), and where it fell
-    decided how many islands ran, so which programs a seed proposed (§17.3). On several
-    threads it adds each member's parallel twin to the pool (§9)."""
+    at SETTLED_SHARE of the peak of the cores the program may use or better needs no more
+    islands; at one core's peak, a first island of mediocre tiles made parallel passed it on two
+    threads, and mm_exp_mm's two-thread winners ran at 0.85x their one-thread rate per core
+    (docs/ARCHITECTURE.md §17.3). The peak is the target's calibrated one (the machine model,
+    cached on disk), never one measured in the process: that varied with the load (32 to 169
+    GFLOPS on one machine), and where it fell decided how many islands ran, so which programs a
+    seed proposed (§17.3). On several threads it adds each member's parallel twin to the pool
+    (§9)."""
+    settled_gflops = SETTLED_SHARE * threads * calibrated_peak_gflops
     return EvolutionarySearch(
         space, model, seed=seed, population=population, wait_turn=gate.wait_turn, threads=threads,
-        settled_s=space.naive.computation.flops / (SETTLED_SHARE * calibrated_peak_gflops * 1e9))
+        settled_s=space.naive.computation.flops / (settled_gflops * 1e9))
 
 
 def search_beside_measuring(jobs: int, threads: int) -> bool:
