@@ -94,8 +94,9 @@ if TYPE_CHECKING:  # the rule plug-ins load when a run resolves its rules, not o
 DEFAULT_DB = "eqsched.db"
 POPULATION = EvolutionarySearch.__init__.__kwdefaults__["population"]
 # The first round stops adding islands once its best is predicted at this share of the peak of
-# the cores the program may use: lower, the analytic model's optimism settled mm_exp_mm and matmul 197x3072x768 after one
-# island on programs that three islands beat (docs/ARCHITECTURE.md §17.3).
+# the cores the program may use: lower, the analytic model's optimism settled mm_exp_mm and
+# matmul 197x3072x768 after one island on programs that three islands beat
+# (docs/ARCHITECTURE.md §17.3).
 SETTLED_SHARE = 0.9
 __all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings",
            "TaskTuner", "Trial", "computation_key", "explore", "search_beside_measuring"]
