@@ -510,9 +510,9 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
             calibrated_peak_gflops: float, population: int, threads: int) -> EvolutionarySearch:
     """The run's search: it waits while a candidate is timed. A first-round population predicted
     at SETTLED_SHARE of the peak of the cores the program may use or better needs no more
-    islands; at one core's peak, a first island of mediocre tiles made parallel passed it on two
-    threads, and mm_exp_mm's two-thread winners ran at 0.85x their one-thread rate per core
-    (docs/ARCHITECTURE.md §17.3). The peak is the target's calibrated one (the machine model,
+    islands (at one core's peak, any first island of mediocre tiles made parallel passed it on
+    two threads, and mm_exp_mm's two-thread winners ran slower per core than its one-thread
+    ones: docs/ARCHITECTURE.md §17.3). The peak is the target's calibrated one (the machine model,
     cached on disk), never one measured in the process: that varied with the load (32 to 169
     GFLOPS on one machine), and where it fell decided how many islands ran, so which programs a
     seed proposed (§17.3). On several threads it adds each member's parallel twin to the pool
