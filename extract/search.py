@@ -26,8 +26,8 @@ first round, with no elites or survivors to start from, evolves up to `first_isl
 populations from separate draws and merges them (an island model), each `first_population`
 strong (by default a later round's, twice that for a chain of reductions): one population often
 converges on a poor sketch of a chain. It stops adding populations once the best is predicted
-to take at most `settled_s` (explore: `SETTLED_SHARE` of one core's peak FLOP rate; by default
-every island runs).
+to take at most `settled_s` (explore: `SETTLED_SHARE` of the peak FLOP rate of the cores the
+program may use; by default every island runs).
 
 A space no larger than one round of evolution could realize (`whole_space`) is ranked whole
 instead: every program is built once, each round ranks them all, and a round that finds fewer
