@@ -20,10 +20,11 @@ Buffers: weights are bound once (aligned copies); each input, and each value com
 task and read by another, gets an aligned buffer at construction, and a buffer whose value has no
 reader left is reused by a later value that fits in it (never by an output of the task reading
 it: kernels' pointers are `noalias`). Model outputs get buffers of their own. Every kernel call is
-bound to its buffers once, in a `backend.chain.Chain`: a model call copies the inputs in, runs
-the whole model by one native call (on one thread; a parallel loop split among threads adds its
-own) and copies the outputs out. The threads and the target are the compile options', as
-everywhere in the backend.
+bound to its buffers once, in a `backend.chain.Chain`: a model call runs the whole model by one
+native call (on one thread; a parallel loop split among threads adds its own), reading each
+input where the caller keeps it (copied into the input's own buffer only when it does not start
+on a 64-byte boundary, as the kernels were tuned) and writing each output into a new array it
+returns. The threads and the target are the compile options', as everywhere in the backend.
 
 See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
@@ -57,6 +58,10 @@ from .te import Computation
 # kernels against float32 evaluations differ by summation order and erf's approximation; a wrong
 # kernel is off by the values' own size.
 TOLERANCE = 1e-4
+
+# The byte boundary a caller's input must start on to be read in place: the buffers kernels are
+# tuned on start on one (`backend.aligned_empty`).
+ALIGNMENT = 64
 
 
 def task_key(comp: Computation) -> tuple[str, list[int]]:
@@ -125,15 +130,16 @@ class CompiledModel:
             if database is not None and database is not db:
                 database.close()
         self._weights = {k: aligned_copy(w.reshape(-1)) for k, w in model.weights.items()}
-        # Each input is copied into a buffer of its own on every call: the kernels were tuned
-        # on aligned arrays, and a call then hands the chain nothing (its addresses are fixed).
+        # Where an input is copied when the caller's array is not aligned as the kernels were
+        # tuned; the chain is bound to these, and a call passes its own arrays in their place.
         self._inputs = {k: aligned_empty(s) for k, s in model.inputs.items()}
         self._buffers: list[np.ndarray] = []  # every planned buffer, once
         self._calls, self._outputs = self._plan()  # kernel calls in running order, with arrays
         # The weights are copies of the model's own, which no call writes: what a kernel makes
         # of them (a packed weight, `Program.preparation`) is made once, here, as onnxruntime
         # pre-packs its constant weights when a session loads.
-        self._chain = Chain(self._calls, prepared=True)
+        self._chain = Chain(self._calls, prepared=True,
+                            per_call=[*self._inputs.values(), *self._outputs.values()])
 
     def _kernel(self, task: ModelTask, database: Database | None) -> TaskKernel:
         comp = task.computation
@@ -203,31 +209,28 @@ class CompiledModel:
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs for `inputs` (name -> array of the input's shape), as new
-        float32 arrays (a later call does not change them)."""
-        checked = self._run(inputs)
-        return {o: self._output(o, checked) for o in self.model.outputs}
-
-    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Copy `inputs` into their buffers and run every kernel; the inputs as checked."""
+        float32 arrays (a later call does not change them). An input that is C-contiguous
+        float32 starting on a 64-byte boundary (`backend.aligned_copy`) is read in place."""
         checked = self.model.checked_inputs(inputs)
-        for name, array in checked.items():
-            np.copyto(self._inputs[name], array)
-        self._chain()
-        return checked
+        computed = {o: aligned_empty(a.shape) for o, a in self._outputs.items()}
+        self._chain(*(a if a.ctypes.data % ALIGNMENT == 0 else _copied(a, self._inputs[k])
+                      for k, a in checked.items()), *computed.values())
+        return {o: computed[o] if o in computed else self._passed_through(o, checked)
+                for o in self.model.outputs}
 
-    def _output(self, name: str, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        if name in self._outputs:
-            return self._outputs[name].copy()
-        # An output that is an input or a weight of the model, computed by no task.
+    def _passed_through(self, name: str, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """An output that is an input or a weight of the model, computed by no task."""
         source = inputs[name] if name in inputs else self.model.weights[name]
         return f32(source).reshape(self.model.shape(name)).copy()
 
     # ---- checking and timing ----------------------------------------------------------------
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Standard normal inputs of the model's shapes, from `seed`."""
+        """Standard normal inputs of the model's shapes, from `seed`, aligned (a call reads
+        them in place)."""
         rng = np.random.default_rng(seed)
-        return {k: rng.standard_normal(s).astype(np.float32) for k, s in self.model.inputs.items()}
+        return {k: aligned_copy(rng.standard_normal(s).astype(np.float32))
+                for k, s in self.model.inputs.items()}
 
     def check(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> Verdict:
         """This model's outputs against `Model.evaluate` (numpy, node by node) on `inputs`
@@ -262,8 +265,8 @@ class CompiledModel:
 
     def time(self, repeats: int = 10, inputs: Mapping[str, np.ndarray] | None = None,
              warmup: int = 1) -> float:
-        """The median seconds of one end-to-end call, as a caller pays it (inputs checked and
-        copied in, outputs copied out), over `repeats` calls after `warmup`."""
+        """The median seconds of one end-to-end call, as a caller pays it (inputs checked,
+        outputs written into new arrays), over `repeats` calls after `warmup`."""
         inputs = inputs if inputs is not None else self.random_inputs()
         return _median_seconds(lambda: self(inputs), repeats, warmup)
 
@@ -280,9 +283,13 @@ class CompiledModel:
         `time` spent in kernels."""
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
-        # One whole call first, so every planned buffer holds the values a real call gives
-        # (never uninitialized memory, whose NaNs and denormals would time differently).
-        self._run(inputs if inputs is not None else self.random_inputs())
+        # One whole call on the bound buffers first, so every planned buffer holds the values a
+        # real call gives (never uninitialized memory, whose NaNs and denormals would time
+        # differently).
+        checked = self.model.checked_inputs(inputs if inputs is not None
+                                            else self.random_inputs())
+        self._chain(*(_copied(checked[k], b) for k, b in self._inputs.items()),
+                    *self._outputs.values())
         medians: dict[str, float] = {}
         for name, compiled in self.kernels.items():
             arrays = next(a for kernel, a in self._calls if kernel is compiled.kernel)
@@ -290,6 +297,11 @@ class CompiledModel:
             alone = Chain([(compiled.kernel, arrays)], prepared=True)
             medians[name] = _median_seconds(alone, repeats, warmup)
         return medians
+
+
+def _copied(array: np.ndarray, buffer: np.ndarray) -> np.ndarray:
+    np.copyto(buffer, array)
+    return buffer
 
 
 def _median_seconds(call: Callable[[], object], repeats: int, warmup: int) -> float:

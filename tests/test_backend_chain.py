@@ -90,3 +90,40 @@ def test_an_empty_chain_runs_nothing():
     chain = Chain([])
     chain()
     assert chain.native_calls == 0
+
+
+def test_per_call_arrays_take_the_bound_ones_place_on_each_run():
+    for threads in (1, 2):  # a shared loop's packed pointers are replaced too
+        options = CompileOptions(threads=threads)
+        first = compile_program(parallel(matmul(13, 10, 7)), options)
+        second = compile_program(naive_program(relu(13, 10)), options)
+        a, b, c, y = arrays((13, 7), (7, 10), (13, 10), (13, 10))
+        chain = Chain([(first, (a, b, c)), (second, (c, y))], per_call=[a, y])
+        b[...] = rng.standard_normal((7, 10))
+        for _ in range(3):
+            given, out = rng.standard_normal((13, 7)).astype(np.float32), arrays((13, 10))[0]
+            chain(given, out)
+            np.testing.assert_allclose(out, np.maximum(given @ b, 0), rtol=1e-5, atol=1e-5)
+            assert np.isnan(a).all() and np.isnan(y).all()  # the bound ones: untouched
+
+
+def test_a_run_s_arrays_are_checked_in_one_line():
+    kernel = compile_program(naive_program(relu(2, 3)), CompileOptions(threads=1))
+    x, y = arrays((2, 3), (2, 3))
+    chain = Chain([(kernel, (x, y))], per_call=[x, y])
+    with pytest.raises(BackendError, match="takes 2 arrays, got 1"):
+        chain(x)
+    with pytest.raises(BackendError, match=r"array 1 of the run must have shape \(2, 3\)"):
+        chain(x, np.zeros((3, 2), np.float32))
+    with pytest.raises(BackendError, match="array 0 of the run must be C-contiguous float32"):
+        chain(np.zeros((2, 3)), y)
+    frozen = np.zeros((2, 3), np.float32)
+    frozen.flags.writeable = False
+    chain(frozen, y)  # read only: fine where it is only read
+    with pytest.raises(BackendError, match="array 1 of the run is written and is read-only"):
+        chain(x, frozen)
+    with pytest.raises(BackendError, match="array 1 of the run is written and overlaps another"):
+        chain(x, x)
+    with pytest.raises(BackendError, match="X is bound to part of per-call array 0"):
+        whole = arrays((4, 3))[0]
+        Chain([(kernel, (whole[:2], y))], per_call=[whole])

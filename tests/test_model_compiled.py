@@ -11,7 +11,7 @@ import pytest
 from conftest import SMALL_MODELS
 from model_checks import random_inputs as model_inputs
 
-from eqsched.backend import CompileOptions
+from eqsched.backend import CompileOptions, aligned_copy, aligned_empty
 from eqsched.compiled_model import CompiledModel, best_record, task_key
 from eqsched.db import Database
 from eqsched.egraph.derive import DeriveError, derive, realize
@@ -71,6 +71,24 @@ def test_one_native_call_runs_the_model_and_each_call_returns_outputs_of_its_own
         ok, _, message = compare(outputs, expected, (1e-4, 1e-4))
         assert ok, message
     assert not np.may_share_memory(calls[0][1]["output"], calls[1][1]["output"])
+
+
+def test_aligned_inputs_are_read_in_place_and_others_from_a_copy(monkeypatch):
+    model = get_model("mlp", batch=3, inputs=16, hidden=8, outputs=4)
+    compiled = CompiledModel(model, options=ONE_THREAD)
+    (name, shape), = model.inputs.items()
+    values = model_inputs(model, seed=4)[name]
+    aligned = aligned_copy(values)
+    shifted = aligned_empty((values.size + 1,))[1:].reshape(shape)  # 4 bytes past a boundary
+    shifted[...] = values
+    copied = []
+    copyto = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda dst, src: (copied.append(src), copyto(dst, src)))
+    expected = {k: v.astype(np.float64) for k, v in model.evaluate({name: values}).items()}
+    for given in (aligned, shifted):
+        ok, _, message = compare(compiled({name: given}), expected, (1e-4, 1e-4))
+        assert ok, message
+    assert len(copied) == 1 and copied[0] is shifted
 
 
 def _tune(comp, db_path, trials: int, settings: Settings) -> int:
