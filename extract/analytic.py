@@ -30,11 +30,13 @@ after the other). Per block, in cycles of the machine model's reference clock:
     block    = (sum(term ** 4)) ** (1/4) + spills    a soft maximum: saturated resources overlap
 
 Every operation runs once per iteration of the innermost serial loop it depends on, and once per
-unrolled copy it depends on: that is LLVM's loop-invariant code motion (an accumulator invariant
-in the innermost loop is promoted to a register, an invariant load or exp is hoisted) and CSE
-across unrolled copies (A[i, k] under an unrolled j is loaded once), as long as the loads
-hoisted out of the innermost serial loop fit in HOISTED_SHARE of the registers; past that they
-are re-loaded in it, as LLVM does (B[k, j] invariant in i but unrolled 16 x 4 vectors). An
+unrolled copy it depends on (of an axis split with a remainder, only the steps and copies that
+hold points: the backend peels the partial step): that is LLVM's loop-invariant code motion
+(an accumulator invariant in the innermost loop is promoted to a register, an invariant load
+or exp is hoisted) and CSE across unrolled copies (A[i, k] under an unrolled j is loaded
+once), as long as the loads hoisted out of the innermost serial loop fit in HOISTED_SHARE of
+the registers; past that they are re-loaded in it, as LLVM does (B[k, j] invariant in i but
+unrolled 16 x 4 vectors). An
 operation that does not depend on the vectorized loop is scalar (a broadcast, for loads). A
 vector access whose lanes are not contiguous is a gather (a load per lane, never hoisted); an
 index that is not affine (a packed panel narrower than the vector) costs scalar integer code per
@@ -342,6 +344,48 @@ def _tail(blk: Block, vec: Loop) -> tuple[float, int] | None:
     return None
 
 
+def _remainders(blk: Block, loops: tuple[Loop, ...], vec: int | None
+                ) -> list[tuple[int, list[tuple[int, int]]]]:
+    """The block's axes whose pieces reach past their extent (a split with a remainder): per
+    axis, the points it has from its offset on and its pieces but the vector loop (whose
+    partial step is a tail, costed at its widths), as (loop position, stride), the largest
+    stride first."""
+    position = {lp.name: d for d, lp in enumerate(loops)}
+    out = []
+    for binding in blk.bindings:
+        rest = blk.axis(binding.axis).extent - binding.offset
+        terms = [(position[lp], stride) for lp, stride in binding.terms]
+        if sum((loops[d].extent - 1) * stride for d, stride in terms) < rest:
+            continue
+        pieces = sorted(((d, stride) for d, stride in terms if d != vec),
+                        key=lambda piece: -piece[1])
+        if pieces:
+            out.append((rest, pieces))
+    return out
+
+
+def _steps_holding_points(rest: int, pieces: list[tuple[int, int]]) -> int:
+    """How many combinations of the pieces' values (stride, extent; largest stride first)
+    hold a point below `rest` once the other pieces of the axis are 0: every value of a piece
+    below the one reaching `rest`, with all of the pieces inside it, and that one with those
+    inside counted again. Split pieces nest (each spans at most the stride of the one out of
+    it); a binding where they do not is counted by enumeration."""
+    if rest <= 0:
+        return 0
+    if not pieces:
+        return 1
+    (stride, extent), inner = pieces[0], pieces[1:]
+    span = sum((e - 1) * s for s, e in inner)
+    if span >= stride:
+        return sum(1 for values in itertools.product(*(range(e) for _, e in pieces))
+                   if sum(v * s for v, (s, _) in zip(values, pieces)) < rest)
+    whole = min(extent, rest // stride)
+    combos = whole * math.prod(e for _, e in inner)
+    if whole < extent:
+        combos += _steps_holding_points(rest - whole * stride, inner)
+    return combos
+
+
 def _register_tiles(prog: Program, sites: dict) -> frozenset[str]:
     """Local buffers that live in registers: small, and indexed only by unrolled and vectorized
     loops wherever they are accessed (so every index is a constant after unrolling)."""
@@ -405,6 +449,8 @@ class _BlockCoster:
                 self.tail_widths = (share, pieces, pieces)
         serial = [d for d, lp in enumerate(loops) if _is_serial(lp)]
         self.innermost = serial[-1] if serial else -1
+        self.remainders = _remainders(blk, loops, self.vec)
+        self.counted: dict[tuple[int, ...], float] = {}  # loops counted -> their steps
         # The backend runs a small straight-line body several times per step of that loop.
         self.copies = body_copies(loops[self.innermost], machine.vector_lanes) \
             if serial else 1
@@ -512,15 +558,20 @@ class _BlockCoster:
 
     def _count(self, deps: frozenset[int]) -> float:
         """How often an operation depending on loops `deps` runs: once per iteration of the
-        innermost serial loop it depends on, times the unrolled copies it depends on."""
+        innermost serial loop it depends on, times the unrolled copies it depends on; of an
+        axis split with a remainder, only the steps that hold points run (the backend peels
+        the partial step and drops copies past the end: 7 rows as 2 x 4 run 7 copies)."""
         inner = max((d for d in deps if _is_serial(self.loops[d])), default=-1)
-        n = 1
-        for d, lp in enumerate(self.loops):
-            if d == self.vec:
-                continue
-            if d <= inner or (d in deps and lp.kind == LoopKind.UNROLL):
-                n *= lp.extent
-        return float(n)
+        counted = tuple(d for d, lp in enumerate(self.loops) if d != self.vec and (
+            d <= inner or (d in deps and lp.kind == LoopKind.UNROLL)))
+        if counted not in self.counted:
+            n = math.prod(self.loops[d].extent for d in counted)
+            for rest, pieces in self.remainders:
+                mine = [(stride, self.loops[d].extent) for d, stride in pieces if d in counted]
+                if mine:
+                    n = n // math.prod(e for _, e in mine) * _steps_holding_points(rest, mine)
+            self.counted[counted] = float(n)
+        return self.counted[counted]
 
     def _iterations(self) -> float:
         return self._count(frozenset([self.innermost])) if self.innermost >= 0 else 1.0
