@@ -42,15 +42,15 @@ I64 = ir.IntType(64)
 class Chain:
     """`calls`: (kernel, its arrays in `program.inputs + program.outputs` order) in running
     order. Calling the chain runs them all in place; the arrays' contents are read and written
-    as the kernels' calls would, the arrays themselves stay bound (one run at a time). No calls:
+    as the kernels' calls would, the arrays themselves stay bound (one run at a time) but for
+    `per_call` ones, whose place each run's arguments take (`__call__`). No calls:
     a chain that runs nothing (a model whose outputs are its inputs). `prepared`: each kernel's
     `Program.preparation` runs once, here (`Kernel.bind`), so its constant inputs must keep
     their values while the chain is used."""
 
     def __init__(self, calls: Sequence[tuple[Kernel, Sequence[np.ndarray]]],
                  prepared: bool = False, per_call: Sequence[np.ndarray] = ()):
-        """`per_call`: arrays among those bound whose place each run takes as its arguments,
-        in this order (see `__call__`); each must be bound whole wherever its memory is."""
+        """Each `per_call` array must be bound whole wherever its memory is bound."""
         # The machine code and the memory the addresses point to live as long as the chain.
         self._bound = [(kernel, tuple(arrays)) for kernel, arrays in calls]
         self._per_call = tuple(per_call)
