@@ -22,9 +22,10 @@ reader left is reused by a later value that fits in it (never by an output of th
 it: kernels' pointers are `noalias`). Model outputs get buffers of their own. Every kernel call is
 bound to its buffers once, in a `backend.chain.Chain`: a model call runs the whole model by one
 native call (on one thread; a parallel loop split among threads adds its own), reading each
-input where the caller keeps it (copied into the input's own buffer only when it does not start
-on a 64-byte boundary, as the kernels were tuned) and writing each output into a new array it
-returns. The threads and the target are the compile options', as everywhere in the backend.
+large input where the caller keeps it (copied into the input's own buffer when it does not
+start on a 64-byte boundary, as the kernels were tuned) and writing each large output into the
+new array it returns; small ones are copied in and out of their own buffers (`IN_PLACE_BYTES`).
+The threads and the target are the compile options', as everywhere in the backend.
 
 See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
@@ -62,6 +63,10 @@ TOLERANCE = 1e-4
 # The byte boundary a caller's input must start on to be read in place: the buffers kernels are
 # tuned on start on one (`backend.aligned_empty`).
 ALIGNMENT = 64
+# Inputs and outputs of at least this many bytes are read and written where the caller has them;
+# smaller ones are copied through buffers bound once, which costs a call less than reaching a
+# new array's address from Python (docs §17.7: the MLP at batch 1).
+IN_PLACE_BYTES = 1 << 16
 
 
 def task_key(comp: Computation) -> tuple[str, list[int]]:
@@ -138,8 +143,11 @@ class CompiledModel:
         # The weights are copies of the model's own, which no call writes: what a kernel makes
         # of them (a packed weight, `Program.preparation`) is made once, here, as onnxruntime
         # pre-packs its constant weights when a session loads.
+        self._in_place = [k for k, a in self._inputs.items() if a.nbytes >= IN_PLACE_BYTES]
+        self._out_in_place = [k for k, a in self._outputs.items() if a.nbytes >= IN_PLACE_BYTES]
         self._chain = Chain(self._calls, prepared=True,
-                            per_call=[*self._inputs.values(), *self._outputs.values()])
+                            per_call=[*(self._inputs[k] for k in self._in_place),
+                                      *(self._outputs[k] for k in self._out_in_place)])
 
     def _kernel(self, task: ModelTask, database: Database | None) -> TaskKernel:
         comp = task.computation
@@ -209,17 +217,33 @@ class CompiledModel:
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs for `inputs` (name -> array of the input's shape), as new
-        float32 arrays (a later call does not change them). An input that is C-contiguous
-        float32 starting on a 64-byte boundary (`backend.aligned_copy`) is read in place."""
+        float32 arrays (a later call does not change them). An input of `IN_PLACE_BYTES` or
+        more that starts on a 64-byte boundary (`backend.aligned_copy`) is read in place."""
         checked = self.model.checked_inputs(inputs)
-        computed = {o: aligned_empty(a.shape) for o, a in self._outputs.items()}
-        self._chain(*(a if a.ctypes.data % ALIGNMENT == 0 else _copied(a, self._inputs[k])
-                      for k, a in checked.items()), *computed.values())
-        return {o: computed[o] if o in computed else self._passed_through(o, checked)
+        for name in self._inputs.keys() - self._in_place:
+            np.copyto(self._inputs[name], checked[name])
+        addresses = [self._input_address(name, checked[name]) for name in self._in_place]
+        computed = {}
+        for name in self._out_in_place:
+            computed[name], address = _aligned_array(self._outputs[name].shape)
+            addresses.append(address)
+        self._chain.run_at(addresses)
+        return {o: computed[o] if o in computed else self._returned(o, checked)
                 for o in self.model.outputs}
 
-    def _passed_through(self, name: str, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        """An output that is an input or a weight of the model, computed by no task."""
+    def _input_address(self, name: str, array: np.ndarray) -> int:
+        """Where the chain reads input `name`: the caller's array when aligned, else a copy."""
+        address = array.ctypes.data
+        if address % ALIGNMENT == 0:
+            return address
+        np.copyto(self._inputs[name], array)
+        return self._inputs[name].ctypes.data
+
+    def _returned(self, name: str, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """A copy of an output the chain wrote into its bound buffer, or of an input or weight
+        of the model that no task computes."""
+        if name in self._outputs:
+            return self._outputs[name].copy()
         source = inputs[name] if name in inputs else self.model.weights[name]
         return f32(source).reshape(self.model.shape(name)).copy()
 
@@ -288,8 +312,10 @@ class CompiledModel:
         # differently).
         checked = self.model.checked_inputs(inputs if inputs is not None
                                             else self.random_inputs())
-        self._chain(*(_copied(checked[k], b) for k, b in self._inputs.items()),
-                    *self._outputs.values())
+        for name, buffer in self._inputs.items():
+            np.copyto(buffer, checked[name])
+        self._chain(*(self._inputs[k] for k in self._in_place),
+                    *(self._outputs[k] for k in self._out_in_place))
         medians: dict[str, float] = {}
         for name, compiled in self.kernels.items():
             arrays = next(a for kernel, a in self._calls if kernel is compiled.kernel)
@@ -299,9 +325,12 @@ class CompiledModel:
         return medians
 
 
-def _copied(array: np.ndarray, buffer: np.ndarray) -> np.ndarray:
-    np.copyto(buffer, array)
-    return buffer
+def _aligned_array(shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """A new float32 array starting on an ALIGNMENT-byte boundary, and that address."""
+    raw = np.empty(math.prod(shape) + ALIGNMENT // 4, np.float32)
+    address = raw.ctypes.data
+    skip = -address % ALIGNMENT
+    return raw[skip // 4:skip // 4 + math.prod(shape)].reshape(shape), address + skip
 
 
 def _median_seconds(call: Callable[[], object], repeats: int, warmup: int) -> float:

@@ -73,8 +73,8 @@ def test_one_native_call_runs_the_model_and_each_call_returns_outputs_of_its_own
     assert not np.may_share_memory(calls[0][1]["output"], calls[1][1]["output"])
 
 
-def test_aligned_inputs_are_read_in_place_and_others_from_a_copy(monkeypatch):
-    model = get_model("mlp", batch=3, inputs=16, hidden=8, outputs=4)
+def test_large_aligned_inputs_are_read_in_place_and_others_from_a_copy(monkeypatch):
+    model = get_model("mlp", batch=128, inputs=128, hidden=8, outputs=4)  # x: 64 KiB
     compiled = CompiledModel(model, options=ONE_THREAD)
     (name, shape), = model.inputs.items()
     values = model_inputs(model, seed=4)[name]
@@ -89,6 +89,13 @@ def test_aligned_inputs_are_read_in_place_and_others_from_a_copy(monkeypatch):
         ok, _, message = compare(compiled({name: given}), expected, (1e-4, 1e-4))
         assert ok, message
     assert len(copied) == 1 and copied[0] is shifted
+    small = get_model("mlp", batch=3, inputs=16, hidden=8, outputs=4)
+    compiled = CompiledModel(small, options=ONE_THREAD)
+    given = aligned_copy(model_inputs(small, seed=4)[name])
+    expected = {k: v.astype(np.float64) for k, v in small.evaluate({name: given}).items()}
+    ok, _, message = compare(compiled({name: given}), expected, (1e-4, 1e-4))
+    assert ok, message
+    assert copied[-1] is given  # a small one is copied, aligned or not
 
 
 def _tune(comp, db_path, trials: int, settings: Settings) -> int:

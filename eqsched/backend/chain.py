@@ -87,13 +87,19 @@ class Chain:
             if k in self._written and any(np.may_share_memory(array, other)
                                           for j, other in enumerate(arrays) if j != k):
                 raise BackendError(f"array {k} of the run is written and overlaps another")
+        self.run_at([a.ctypes.data for a in arrays])
+
+    def run_at(self, addresses: Sequence[int]) -> None:
+        """`__call__` on the arrays at `addresses`, unchecked: for a caller that made them
+        (reaching an address through numpy's ctypes interface costs a call of a small
+        model more than its kernels run)."""
         if self._run is None:
             return
-        addresses = (ctypes.c_void_p * max(len(arrays), 1))(*(a.ctypes.data for a in arrays))
+        passed = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
         with ExitStack() as held:  # its teams are this chain's for the run
             for size in sorted(self._teams):
                 held.enter_context(self._teams[size].lock)
-            self._run(ctypes.addressof(addresses))
+            self._run(ctypes.addressof(passed))
 
 
 def _written_slots(bound: list[tuple[Kernel, tuple[np.ndarray, ...]]],
