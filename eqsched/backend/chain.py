@@ -95,11 +95,11 @@ class Chain:
         model more than its kernels run)."""
         if self._run is None:
             return
-        passed = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+        passed = (ctypes.c_void_p * len(addresses))(*addresses) if addresses else None
         with ExitStack() as held:  # its teams are this chain's for the run
             for size in sorted(self._teams):
                 held.enter_context(self._teams[size].lock)
-            self._run(ctypes.addressof(passed))
+            self._run(None if passed is None else ctypes.addressof(passed))
 
 
 def _written_slots(bound: list[tuple[Kernel, tuple[np.ndarray, ...]]],
