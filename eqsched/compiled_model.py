@@ -42,7 +42,16 @@ from typing import Any
 
 import numpy as np
 
-from .backend import CompileOptions, Kernel, aligned_copy, aligned_empty, codegen, compile_program
+from .backend import (
+    ALIGNMENT,
+    CompileOptions,
+    Kernel,
+    aligned_copy,
+    aligned_empty,
+    aligned_empty_at,
+    codegen,
+    compile_program,
+)
 from .backend.chain import Chain
 from .db import Database, Record
 from .default_schedule import default_schedule
@@ -60,9 +69,6 @@ from .te import Computation
 # kernel is off by the values' own size.
 TOLERANCE = 1e-4
 
-# The byte boundary a caller's input must start on to be read in place: the buffers kernels are
-# tuned on start on one (`backend.aligned_empty`).
-ALIGNMENT = 64
 # Inputs and outputs of at least this many bytes are read and written where the caller has them;
 # smaller ones are copied through buffers bound once, which costs a call less than reaching a
 # new array's address from Python (docs §17.7: the MLP at batch 1).
@@ -144,6 +150,7 @@ class CompiledModel:
         # of them (a packed weight, `Program.preparation`) is made once, here, as onnxruntime
         # pre-packs its constant weights when a session loads.
         self._in_place = [k for k, a in self._inputs.items() if a.nbytes >= IN_PLACE_BYTES]
+        self._copied_in = [k for k in self._inputs if k not in self._in_place]
         self._out_in_place = [k for k, a in self._outputs.items() if a.nbytes >= IN_PLACE_BYTES]
         self._chain = Chain(self._calls, prepared=True,
                             per_call=[*(self._inputs[k] for k in self._in_place),
@@ -220,12 +227,12 @@ class CompiledModel:
         float32 arrays (a later call does not change them). An input of `IN_PLACE_BYTES` or
         more that starts on a 64-byte boundary (`backend.aligned_copy`) is read in place."""
         checked = self.model.checked_inputs(inputs)
-        for name in self._inputs.keys() - self._in_place:
+        for name in self._copied_in:
             np.copyto(self._inputs[name], checked[name])
         addresses = [self._input_address(name, checked[name]) for name in self._in_place]
         computed = {}
         for name in self._out_in_place:
-            computed[name], address = _aligned_array(self._outputs[name].shape)
+            computed[name], address = aligned_empty_at(self._outputs[name].shape)
             addresses.append(address)
         self._chain.run_at(addresses)
         return {o: computed[o] if o in computed else self._returned(o, checked)
@@ -323,14 +330,6 @@ class CompiledModel:
             alone = Chain([(compiled.kernel, arrays)], prepared=True)
             medians[name] = _median_seconds(alone, repeats, warmup)
         return medians
-
-
-def _aligned_array(shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
-    """A new float32 array starting on an ALIGNMENT-byte boundary, and that address."""
-    raw = np.empty(math.prod(shape) + ALIGNMENT // 4, np.float32)
-    address = raw.ctypes.data
-    skip = -address % ALIGNMENT
-    return raw[skip // 4:skip // 4 + math.prod(shape)].reshape(shape), address + skip
 
 
 def _median_seconds(call: Callable[[], object], repeats: int, warmup: int) -> float:

@@ -10,9 +10,9 @@ See docs/ARCHITECTURE.md §7 Backend and target.
 
 from .compiler import codegen, compile_program
 from .errors import BackendError
-from .kernel import Kernel, aligned_copy, aligned_empty
+from .kernel import ALIGNMENT, Kernel, aligned_copy, aligned_empty, aligned_empty_at
 from .options import CompileOptions
 from .target import Target, TargetError
 
-__all__ = ["BackendError", "CompileOptions", "Kernel", "Target", "TargetError", "aligned_copy",
-           "aligned_empty", "codegen", "compile_program"]
+__all__ = ["ALIGNMENT", "BackendError", "CompileOptions", "Kernel", "Target", "TargetError",
+           "aligned_copy", "aligned_empty", "aligned_empty_at", "codegen", "compile_program"]

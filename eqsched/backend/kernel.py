@@ -20,6 +20,9 @@ from .options import CompileOptions
 from .target import target_machine
 from .team import team_for
 
+# The byte boundary every buffer a kernel is tuned and run on starts on (a zmm, a cache line).
+ALIGNMENT = 64
+
 
 @dataclass(frozen=True)
 class Step:
@@ -53,12 +56,20 @@ def team_size(threads: int, parallel_extent: int | None) -> int:
     return min(threads, parallel_extent or 1)
 
 
-def aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], alignment: int = ALIGNMENT) -> np.ndarray:
     """An uninitialized float32 array whose data starts on an `alignment`-byte boundary."""
+    return aligned_empty_at(shape, alignment)[0]
+
+
+def aligned_empty_at(shape: tuple[int, ...], alignment: int = ALIGNMENT
+                     ) -> tuple[np.ndarray, int]:
+    """`aligned_empty` and the address of its data (reaching an array's address through numpy's
+    ctypes interface costs about as much as allocating it)."""
     size = prod(shape)
     raw = np.empty(size + alignment // 4, np.float32)
-    start = (-raw.ctypes.data % alignment) // 4
-    return raw[start:start + size].reshape(shape)
+    address = raw.ctypes.data
+    start = (-address % alignment) // 4
+    return raw[start:start + size].reshape(shape), address + 4 * start
 
 
 def aligned_copy(array: np.ndarray) -> np.ndarray:
