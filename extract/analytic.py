@@ -63,7 +63,9 @@ machine's): a panel of 2048 rows 4 KiB apart, 256 B each, fills 64 of 1,024 L2 s
 of its rows and comes from the L3 again on every pass (mm_exp_mm's unpacked B: 6 GFLOPS, 35
 packed). Lines fetched a part at a time, STRIDED_BYTES or more apart (a column walk), or read in
 visits that leave a gap of STRIDED_BYTES or more (an unpacked operand's rows under a register
-tile), cost the machine's measured `strided_fill` times more: no prefetcher follows them. A
+tile) and either jump on too or stream each row for less than STREAM_BYTES, cost the machine's
+measured `strided_fill` times more from the L3 and beyond: no prefetcher follows them, and
+each line is a miss at the L3's latency (the L2 serves the same walk at its streamed rate). A
 parallel root loop divides its nest among `threads` cores, which share each level's bandwidth
 as calibrated.
 
@@ -102,6 +104,7 @@ HOISTED_SHARE = 0.5  # of the vector registers: loads hoisted out of the innermo
 INSTRUCTION_BYTES = 5.5  # a vector instruction's average encoding: a body past L1i / this
 LEGACY_DECODE_SHARE = 0.625  # runs from the decoders, at this share of the issue width
 STRIDED_BYTES = 1024  # jumps of this size per step defeat the prefetchers
+STREAM_BYTES = 4096  # ... and so do streams shorter than a page between them
 SOFT_MAX_POWER = 4  # how saturated resources overlap
 CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks thousands)
 # Costs of code shapes the calibration does not measure, in reference cycles: fitted once to
@@ -214,7 +217,8 @@ class AnalyticModel(CostModel):
                     capacity = machine.caches[level] * CACHE_SHARE[key] / machine.line_bytes
                     footprint = footprints[PRESSURE[key]]
                     terms[key] = machine.fill_cycles(source, streaming) * sum(
-                        _traffic(fp, loops, footprint, capacity, machine.strided_fill)
+                        _traffic(fp, loops, footprint, capacity,
+                                 machine.strided_fill if source != "L2" else 1.0)
                         for fp in profile.footprints)
                 cycles = _soft_max([terms[k] for k in THROUGHPUT_KEYS]) + terms["spills"]
                 for key in THROUGHPUT_KEYS + ("spills",):
@@ -865,23 +869,47 @@ class _BlockCoster:
             else:
                 lines[d], pressure[d] = lines[d + 1], pressure[d + 1]
                 l2_pressure[d] = l2_pressure[d + 1]
-        serial = [d for d in strides if _is_serial(self.loops[d])]
-        strided = False
-        if serial and abs(strides[max(serial)]) * 4 >= STRIDED_BYTES:
-            # The contiguous run a visit (one step of the innermost serial loop) starts with,
-            # and the jump to the next piece. Part of a line per visit, or a read whose visits
-            # leave a gap of STRIDED_BYTES or more (an unpacked operand's rows under a register
-            # tile): the prefetchers follow no such stream, each line is a miss.
-            run, gap = 1, 0
-            for stride, extent in sorted((abs(c), self.loops[d].extent)
-                                         for d, c in strides.items() if d >= max(serial)):
-                if extent > 1 and stride > run:
-                    gap = stride - run
-                    break
-                run += stride * (extent - 1)
-            strided = run < self.line_elems or (
-                not access.written and gap * 4 >= STRIDED_BYTES)
-        return _Footprint(access, tuple(lines), tuple(pressure), tuple(l2_pressure), strided)
+        return _Footprint(access, tuple(lines), tuple(pressure), tuple(l2_pressure),
+                          self._strided(access, strides))
+
+    def _strided(self, access: _Access, strides: dict[int, int]) -> bool:
+        """Whether no prefetcher follows the access: a visit (one step of the innermost serial
+        loop it depends on) reads part of a line, or pieces STRIDED_BYTES or more apart, and the
+        visits jump too (a column walk; an unpacked operand's rows under a register tile), or
+        step along each piece only for a stream shorter than STREAM_BYTES before the loops
+        around jump elsewhere (B[k, j] with k unrolled over 8 rows 4 KiB apart under a serial
+        j of a few steps: eight streams of a few lines each, a demand miss per line)."""
+        serial = sorted((d for d in strides if _is_serial(self.loops[d])), reverse=True)
+        if not serial:
+            return False
+        inner = serial[0]
+        if abs(strides[inner]) * 4 >= STRIDED_BYTES:
+            run, gap = self._run_and_gap(strides, inner)
+            return run < self.line_elems or (not access.written and gap * 4 >= STRIDED_BYTES)
+        piece, gap = self._run_and_gap(strides, inner + 1)
+        if access.written or gap * 4 < STRIDED_BYTES:
+            return False
+        # Visits step along their pieces: each piece streams on while the serial loops around
+        # continue where it ended (k = 8 * k.0 + k.1 does; past a few steps of j, B's next rows
+        # do not).
+        stream = piece
+        for d in serial:
+            step = abs(strides[d])
+            if step > stream:
+                break
+            stream = max(stream, step * (self.loops[d].extent - 1) + piece)
+        return stream * 4 < STREAM_BYTES
+
+    def _run_and_gap(self, strides: dict[int, int], start: int) -> tuple[int, int]:
+        """The contiguous run (elements) the loops from position `start` inward read first, and
+        the jump to the next piece (0: one run)."""
+        run = 1
+        for stride, extent in sorted((abs(c), self.loops[d].extent)
+                                     for d, c in strides.items() if d >= start):
+            if extent > 1 and stride > run:
+                return run, stride - run
+            run += stride * (extent - 1)
+        return run, 0
 
 
 def _transpose_terms(copy: TransposingCopy, machine: MachineModel, streaming: int

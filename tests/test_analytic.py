@@ -585,6 +585,47 @@ def test_a_walk_of_whole_lines_with_a_far_jump_between_visits_gets_no_prefetch(a
     assert costly.breakdown(walk)["l2_fill"] > 2 * plain.breakdown(walk)["l2_fill"]  # B's part
 
 
+def rows_under_unrolled_k(j_steps, k_serial=False):
+    """C = A @ B at 1024x1024x2048 in 6x16 tiles reloaded every 8 k (k split 256 x 8, the
+    8 rows of k unrolled or serial), `j_steps` tiles of 16 columns side by side per step of
+    k.0: each of B's 8 rows in a step is read for `j_steps` lines, then k.0 jumps 8 rows on."""
+    s = Schedule(naive_program(get_workload("matmul").build(1024, 1024, 2048)))
+    s.split("C.i", [171, 1, 3, 2])
+    s.split("C.j", [1, 64 // j_steps, j_steps, 16])
+    s.split("C.k", [256, 8])
+    s.reorder("C.i.0", "C.i.1", "C.j.0", "C.j.1", "C.k.0", "C.j.2", "C.k.1", "C.i.2", "C.i.3",
+              "C.j.3")
+    for loop in ("C.i.2", "C.i.3") if k_serial else ("C.k.1", "C.i.2", "C.i.3"):
+        s.unroll(loop)
+    s.vectorize("C.j.3")
+    return s.program
+
+
+def test_rows_streamed_a_few_lines_each_get_no_prefetch(avx512):
+    # Eight rows of B 4 KiB apart, each for 2 to 8 lines, then the next eight: no prefetcher
+    # follows streams that short. Measured on AVX2 (Zen 4, side by side): 46-57 GFLOPS, where
+    # the model said 88-92 and ranked them above the same tiles over B packed (105-110), the
+    # first round of a search of mm_exp_mm proposed nothing else. Whole rows (64 steps) stream.
+    plain = AnalyticModel(dataclasses.replace(avx512, strided_fill=1.0))
+    costly = AnalyticModel(dataclasses.replace(avx512, strided_fill=3.0))
+    for j_steps in (2, 8):
+        short = rows_under_unrolled_k(j_steps)
+        assert costly.breakdown(short)["l2_fill"] > 2 * plain.breakdown(short)["l2_fill"]
+    whole_rows = rows_under_unrolled_k(64)
+    assert costly.breakdown(whole_rows)["l2_fill"] == plain.breakdown(whole_rows)["l2_fill"]
+
+
+def test_a_walk_the_l2_serves_costs_its_streamed_rate(avx512):
+    # The strided fill is the L3's (a demand miss per line at its latency): B's rows from the
+    # L3 cost it, the same lines from the L2 into the L1 do not. Charged at both levels, tiles
+    # over B's rows in a 1 MiB L2 were predicted at 48 GFLOPS and ran 72-90.
+    plain = AnalyticModel(dataclasses.replace(avx512, strided_fill=1.0))
+    costly = AnalyticModel(dataclasses.replace(avx512, strided_fill=3.0))
+    walk = rows_under_unrolled_k(8, k_serial=True)
+    assert costly.breakdown(walk)["l2_fill"] > 2 * plain.breakdown(walk)["l2_fill"]
+    assert costly.breakdown(walk)["l1_fill"] == plain.breakdown(walk)["l1_fill"]
+
+
 def test_a_transposing_pack_is_costed_as_the_backends_tile_transposes(model):
     """W[k, c, r, s] packed along k: the backend copies it in register tiles (a vector load and
     store per run), so the copy costs a stream of both buffers, whatever the panel width."""
