@@ -59,16 +59,18 @@ from eqsched.egraph.space import Slot, Space
 from eqsched.egraph.term import (
     BlockRef,
     Cached,
+    PackRef,
     PieceLoop,
     RfactorLoop,
     Sizes,
     Stmt,
     Term,
+    pack_symbol,
     show,
     symbols,
     walk,
 )
-from eqsched.expr import Const, loads
+from eqsched.expr import Const, Var, loads
 from eqsched.ir import Block, Loop, LoopKind, Program, Scope
 from eqsched.schedule import ScheduleError
 
@@ -208,6 +210,7 @@ class EvolutionarySearch:
         self._tile_twins: dict[str, list[Candidate]] = {}  # likewise
         self._reshaped_twins: dict[str, list[Candidate]] = {}  # likewise
         self._epilogue_twins: dict[str, Candidate | None] = {}  # likewise
+        self._packed_twins: dict[str, list[Candidate]] = {}  # likewise
         self._proposed: Counter[tuple] = Counter()  # kernel -> its programs proposed so far
 
     # ---- candidates -------------------------------------------------------------------------
@@ -643,6 +646,50 @@ class EvolutionarySearch:
             return None
         return self._grow(self.space.picks_for(term), _assignment(_sizes_of(term, cand.sizes)))
 
+    def _packed_twins_of(self, parents: list[Candidate]) -> list[Candidate]:
+        """Each parent's `packed` twins (made once a round, as the vector twins)."""
+        return [twin for twins in _once_a_round(self._packed_twins, parents, self.packed)
+                for twin in twins]
+
+    def packed(self, cand: Candidate) -> list[Candidate]:
+        """The candidate with one more operand of a root nest's reduction packed, in panels as
+        wide as the columns of its register tile (the pieces of the vector loop's group inside
+        the innermost reduction loop), where the space packs it so; one twin per operand and
+        dimension, sizes kept. Unpacked, B[k, j] under a tile of 16 columns is a line from
+        each of rows 4 KiB apart, which no prefetcher follows: such AVX2 tiles ran at half the
+        rate of the same tiles over B packed. MetaSchedule rewrites the layout of every dense
+        operand; in a uniform draw a pack of the tile's own width is a rare pick."""
+        facts = self.space.facts
+        twins = []
+        for stmt in cand.term.body:
+            width = _tile_columns(stmt, facts, cand.sizes)
+            if width is None:
+                continue
+            block, group, columns = width
+            packed = {p.buffer for p in cand.term.packs}
+            for load in loads(facts.blocks[block].value):
+                if load.buffer in packed or len(load.indices) < 2:
+                    continue
+                packed.add(load.buffer)
+                for dim, index in enumerate(load.indices):
+                    if isinstance(index, Var) and facts.groups.get((block, index.name)) == group:
+                        twin = self._with_pack(cand, PackRef(block, load.buffer, dim), columns)
+                        if twin is not None:
+                            twins.append(twin)
+        return twins
+
+    def _with_pack(self, cand: Candidate, pack: PackRef, factor: int) -> Candidate | None:
+        """The candidate with `pack` at `factor` added, where the space has that program (the
+        root list holds its packs in one order: each place is tried)."""
+        sizes = {**cand.sizes, pack_symbol(pack.buffer): factor}
+        packs = cand.term.packs
+        for place in range(len(packs) + 1):
+            term = dataclasses.replace(cand.term, packs=packs[:place] + (pack,) + packs[place:])
+            if self.space.contains(term, sizes):
+                twin = self._grow(self.space.picks_for(term), _assignment(sizes))
+                return twin if twin is not None and twin.term == term else None
+        return None
+
     def _holds(self, term: Term, sizes: Sizes) -> bool:
         """The space has `term` with the candidate's sizes of the pieces it still loops over."""
         return self.space.contains(term, _sizes_of(term, sizes))
@@ -815,6 +862,7 @@ class EvolutionarySearch:
         self._tile_twins.clear()
         self._reshaped_twins.clear()
         self._epilogue_twins.clear()
+        self._packed_twins.clear()
         # With nothing measured or kept yet, one population often settles on a poor sketch of
         # a fused chain (docs/ARCHITECTURE.md §17.3): evolve more while the best is predicted
         # slower than `settled_s`.
@@ -874,6 +922,7 @@ class EvolutionarySearch:
             add(self._tile_twins_of(parents))
             add(self._reshaped_twins_of(parents))
             add(self._epilogue_twins_of(parents))
+            add(self._packed_twins_of(parents))
             ranked = self.rank(list(pool.values()), known)
             pool = {c.hash: c for c, _ in _with_every_sketch(ranked, size)}
             stale = stale + 1 if _top_score(ranked, k) > before * (1 - MIN_GAIN) else 0
@@ -956,6 +1005,26 @@ def _innermost_reduction_loop(stmt: Stmt, facts: Facts, over_reduce: bool = Fals
 
     visit(stmt, ())
     return found
+
+
+def _tile_columns(stmt: Stmt, facts: Facts, sizes: Sizes) -> tuple[str, str, int] | None:
+    """The first reducing block of a root statement, its vector loop's group and how many
+    points of it the loops inside its innermost reduction loop cover (a register tile's
+    columns); None without a reducing block under a reduction loop with a vector loop inside."""
+    for node, around in walk((stmt,)):
+        reduce = facts.reduce_groups.get(node.name, set()) if isinstance(node, BlockRef) else ()
+        if not reduce:
+            continue
+        inner = [n for n, lp in enumerate(around) if lp.group in reduce
+                 and not isinstance(lp, RfactorLoop)]
+        vector = [lp for lp in around if lp.kind == LoopKind.VECTOR.value]
+        if not inner or not vector:
+            return None
+        group = vector[-1].group
+        tile = around[inner[-1] + 1:]
+        return node.name, group, math.prod(sizes[lp.group, lp.path] for lp in tile
+                                           if lp.group == group)
+    return None
 
 
 def _raised_out_of_unrolled(stmt: Stmt, loop: PieceLoop, sizes: Sizes

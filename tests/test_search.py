@@ -765,6 +765,27 @@ def test_a_reshaped_twin_trades_a_loop_of_the_tile_for_one_around_the_reduction(
     assert made >= 3 and traded >= 1
 
 
+def test_a_packed_twin_packs_the_tile_columns_operand_in_panels_of_their_width(space):
+    # B[k, j] under a tile of vector columns: the twin reads B_packed[j // w, k, j % w], w the
+    # columns the loops inside the reduction loop cover, every other size kept, and runs right.
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=7)
+    made = 0
+    for cand, twins in _drawn_with_twins(search, search.packed, draws=400):
+        for twin in twins:
+            (added,) = set(twin.term.packs) - set(cand.term.packs)
+            assert added.buffer == "B" and added.dim == 1
+            assert {k: v for k, v in twin.sizes.items() if k != ("pack:B", "")} == cand.sizes
+            loops = twin.program.enclosing("C.update")
+            inner = max(i for i, lp in enumerate(loops) if lp.name.startswith("C.k"))
+            columns = math.prod(lp.extent for lp in loops[inner + 1:]
+                                if lp.name.startswith("C.j"))
+            assert twin.program.buffer("B_packed").shape[-1] == columns
+            if made < 3:
+                _runs_right_on_two_threads(twin, space)
+            made += 1
+    assert made >= 3
+
+
 class _Drawn:
     def __init__(self, sketch):
         self.sketch = sketch
