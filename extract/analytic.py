@@ -104,7 +104,7 @@ HOISTED_SHARE = 0.5  # of the vector registers: loads hoisted out of the innermo
 INSTRUCTION_BYTES = 5.5  # a vector instruction's average encoding: a body past L1i / this
 LEGACY_DECODE_SHARE = 0.625  # runs from the decoders, at this share of the issue width
 STRIDED_BYTES = 1024  # jumps of this size per step defeat the prefetchers
-STREAM_BYTES = 4096  # ... and so do streams shorter than a page between them
+STREAM_BYTES = 4096  # ... and so do such visits' pieces streamed for less than this
 SOFT_MAX_POWER = 4  # how saturated resources overlap
 CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks thousands)
 # Costs of code shapes the calibration does not measure, in reference cycles: fitted once to

@@ -662,10 +662,10 @@ class EvolutionarySearch:
         facts = self.space.facts
         twins = []
         for stmt in cand.term.body:
-            width = _tile_columns(stmt, facts, cand.sizes)
-            if width is None:
+            tile = _tile_columns(stmt, facts, cand.sizes)
+            if tile is None:
                 continue
-            block, group, columns = width
+            block, group, columns = tile
             packed = {p.buffer for p in cand.term.packs}
             for load in loads(facts.blocks[block].value):
                 if load.buffer in packed or len(load.indices) < 2:
@@ -1017,11 +1017,11 @@ def _tile_columns(stmt: Stmt, facts: Facts, sizes: Sizes) -> tuple[str, str, int
             continue
         inner = [n for n, lp in enumerate(around) if lp.group in reduce
                  and not isinstance(lp, RfactorLoop)]
-        vector = [lp for lp in around if lp.kind == LoopKind.VECTOR.value]
-        if not inner or not vector:
+        tile = around[inner[-1] + 1:] if inner else ()
+        vector = [lp for lp in tile if lp.kind == LoopKind.VECTOR.value]
+        if not vector:
             return None
         group = vector[-1].group
-        tile = around[inner[-1] + 1:]
         return node.name, group, math.prod(sizes[lp.group, lp.path] for lp in tile
                                            if lp.group == group)
     return None
