@@ -1011,19 +1011,17 @@ def _tile_columns(stmt: Stmt, facts: Facts, sizes: Sizes) -> tuple[str, str, int
     """The first reducing block of a root statement, its vector loop's group and how many
     points of it the loops inside its innermost reduction loop cover (a register tile's
     columns); None without a reducing block under a reduction loop with a vector loop inside."""
-    for node, around in walk((stmt,)):
-        reduce = facts.reduce_groups.get(node.name, set()) if isinstance(node, BlockRef) else ()
-        if not reduce:
-            continue
-        inner = [n for n, lp in enumerate(around) if lp.group in reduce
-                 and not isinstance(lp, RfactorLoop)]
-        tile = around[inner[-1] + 1:] if inner else ()
-        vector = [lp for lp in tile if lp.kind == LoopKind.VECTOR.value]
-        if not vector:
-            return None
-        group = vector[-1].group
-        return node.name, group, math.prod(sizes[lp.group, lp.path] for lp in tile
-                                           if lp.group == group)
+    loop = _innermost_reduction_loop(stmt, facts, over_reduce=True)
+    if loop is None:
+        return None
+    for node, tile in walk(loop.body):
+        if isinstance(node, BlockRef) and facts.reduce_groups.get(node.name):
+            vector = [lp for lp in tile if lp.kind == LoopKind.VECTOR.value]
+            if not vector:
+                return None
+            group = vector[-1].group
+            return node.name, group, math.prod(sizes[lp.group, lp.path] for lp in tile
+                                               if lp.group == group)
     return None
 
 
