@@ -526,6 +526,32 @@ def test_a_register_tile_over_a_tail_stays_in_registers(n):
     assert ok, msg
 
 
+def test_a_vector_of_three_registers_runs_as_power_of_two_pieces():
+    # A register tile three vectors across (24 lanes on AVX2's 8): LLVM widens a <24 x float>
+    # to a <32 x float> and moves its accumulators through memory lane by lane; as pieces of
+    # 16 and 8 lanes from their first lanes the tile stays in registers. 56 columns in steps of
+    # 24 also leave a tail of 8 lanes.
+    comp = matmul(4, 56, 9)
+    sch = Schedule(naive_program(comp))
+    sch.split("C.j", [-1, 24])
+    sch.split("C.i", [-1, 2])
+    sch.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
+    sch.fuse("C.init", "C.j.0")
+    sch.cache_write("C.update", "C.j.0")
+    for loop in ("C.i.1", "C.init.i.1", "C.write.i.1"):
+        sch.unroll(loop)
+    for loop in ("C.j.1", "C.init.j.1", "C.write.j.1"):
+        sch.vectorize(loop)
+    text = str(lower(sch.program, "", "", register_lanes=8)[0])
+    assert "<24 x float>" not in text and "<32 x float>" not in text
+    assert "llvm.fma.v16f32" in text and "llvm.fma.v8f32" in text
+    kernel = compile_program(sch.program)
+    assert "alloca" not in kernel.llvm_ir()
+    inputs = random_inputs(comp, seed=2)
+    ok, _, msg = compare(kernel.run(inputs), reference(comp, inputs), tolerance(comp))
+    assert ok, msg
+
+
 def test_a_tail_too_big_to_peel_runs_guarded_instead():
     # 700 = 1 x 512 + 188: the tail of Y.i.0 would copy 32 x 16 unrolled blocks (over
     # PEEL_LIMIT), so it runs them as they are, each guarded (here decided block by block).

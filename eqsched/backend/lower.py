@@ -370,6 +370,11 @@ class _FunctionEmitter:
             loop = Loop(loop.name, width, loop.kind, loop.body)
         else:
             active = loop.extent
+            if active & (active - 1) and active > self.register_lanes \
+                    and in_pieces(active, self.register_lanes):
+                for first, lanes in tail_pieces(active):
+                    self._lanes(Loop(loop.name, lanes, loop.kind, loop.body), first, lanes)
+                return
         self._lanes(loop, 0, active)
 
     def _lanes(self, loop: Loop, first: int, active: int) -> None:
