@@ -110,7 +110,8 @@ CACHED_PROFILES = 50_000  # block profiles kept between calls (a search ranks th
 # Costs of code shapes the calibration does not measure, in reference cycles: fitted once to
 # measured programs (docs/ARCHITECTURE.md §17.4) and small next to the throughput terms.
 RMW_CYCLES = 3.0  # a register of an accumulator updated in memory: load, FMA, store
-SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess register
+SPILL_CYCLES = (8.0, 4.0)  # per iteration of the innermost loop: once, and per excess
+# register and update of it
 MAX_DIAGONAL = 4096  # distinct offsets past which an access is taken to share nothing
 LOOP_ENTRY_CYCLES = 3.0
 PARALLEL_CALL_SECONDS = 5e-6  # the backend's thread pool hands out a parallel loop's chunks
@@ -545,8 +546,13 @@ class _BlockCoster:
             live_registers = max(touched, self._tile_registers(store.buffer, deps) + operands)
             excess = live_registers - self.machine.vector_registers
             if live and excess > 0:
+                # A spilled accumulator makes a round trip through memory at each of its
+                # updates in an iteration (rc unrolled 8 inside the taps: 8 of them).
+                updates = math.prod(lp.extent for d, lp in enumerate(self.loops)
+                                    if d > self.innermost and d not in deps
+                                    and lp.kind == LoopKind.UNROLL)
                 once, each = SPILL_CYCLES
-                spills = (once + each * min(excess, touched)) * self._iterations()
+                spills = (once + each * min(excess, touched) * updates) * self._iterations()
         elif store.buffer not in self.registers:
             self._op("stores", 1, everywhere, per_lane["stores"])
         self.instructions += LOOP_INSTRUCTIONS * self._iterations() / self.copies
@@ -597,7 +603,19 @@ class _BlockCoster:
         count = self._count(deps) * ops
         width = self._width(deps)
         self.cycles[port] += count * (cycles_per_op or self._op_cycles(port, width))
-        self.instructions += count * self.machine.instructions(width)
+        self.instructions += count * self._instructions(port, width)
+
+    def _instructions(self, port: str, width: int) -> float:
+        """Instructions of one operation `width` lanes wide, on average over the vector loop's
+        steps: a tail moved in more pieces than it computes in (7 of 8 lanes: 4, 2 and 1) is
+        assembled from its loads, or split for its stores, one insert or extract per extra
+        piece."""
+        whole = self.machine.instructions(width)
+        if port == "compute" or self.tail_widths is None or width != self.lanes:
+            return whole
+        share, computed, moved = self.tail_widths
+        pieces = sum(self.machine.instructions(w) for w in moved) + len(moved) - len(computed)
+        return (1 - share) * whole + share * pieces
 
     def _op_cycles(self, port: str, width: int) -> float:
         """Cycles of one operation `width` lanes wide, on average over the vector loop's steps:

@@ -704,6 +704,49 @@ def test_a_tail_of_a_power_of_two_lanes_is_a_narrower_register(avx512):
     assert terms[23]["stores"] > 20 * terms[24]["stores"]  # at every k
     assert terms[24]["compute"] == pytest.approx(0.75 * terms[32]["compute"])
 
+def test_a_tail_moved_in_pieces_issues_an_insert_per_extra_piece(avx2):
+    # 7 of 8 lanes over a local tile of 4 rows in registers: each row of B is loaded as 4, 2
+    # and 1 lanes and put together with two inserts, five instructions where 8 lanes take one
+    # (conv2d 512x7x7's rows along q, read at every tap, were predicted 56 GFLOPS and ran 29
+    # on AVX2, docs §17.6).
+    model = AnalyticModel(avx2)
+    issue = {}
+    for n in (7, 8):
+        s = Schedule(naive_program(get_workload("matmul").build(32, n, 256)))
+        s.split("C.i", [-1, 4])
+        s.split("C.j", [-1, 8])
+        s.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
+        s.fuse("C.init", at="C.j.0")
+        s.cache_write("C.update", at="C.j.0")
+        for stage in ("C", "C.init", "C.write"):
+            s.unroll(f"{stage}.i.1")
+            s.vectorize(f"{stage}.j.1")
+        issue[n] = model.breakdown(s.program)["issue"]
+    assert issue[7] > 1.3 * issue[8]  # four FMAs, four broadcasts and the B row per k
+
+
+def test_a_spilled_accumulator_goes_to_memory_at_each_of_its_updates(avx2):
+    # 7 rows of two ymm (14 accumulators, 2 of B and a broadcast of A: 17 of 16 registers).
+    # Unrolling k by 8 inside the loop does not take the round trips away: each update of a
+    # spilled accumulator is a load, an FMA and a store (conv2d 512x7x7's 7 columns x 2 ymm
+    # with rc unrolled 8 inside the taps was predicted 84 GFLOPS and ran 55, docs §17.6).
+    model = AnalyticModel(avx2)
+
+    def rows(k_unrolled: int) -> float:
+        s = Schedule(naive_program(get_workload("matmul").build(28, 16, 256)))
+        s.split("C.i", [-1, 7])
+        s.split("C.k", [-1, k_unrolled])
+        s.reorder("C.i.0", "C.j", "C.k.0", "C.k.1", "C.i.1")
+        s.split("C.j", [-1, 16])
+        s.reorder("C.i.0", "C.j.0", "C.k.0", "C.k.1", "C.i.1", "C.j.1")
+        s.unroll("C.k.1")
+        s.unroll("C.i.1")
+        s.vectorize("C.j.1")
+        return model.breakdown(s.program)["spills"]
+
+    assert rows(8) > 0.4 * rows(1) > 0
+
+
 def rows_of_a_vector(n: int):
     """C's rows as one 64-lane vector step over n columns, four rows unrolled around the
     innermost k loop (their accumulators carried in registers)."""
