@@ -21,7 +21,7 @@ from .target import create_target_machine, host, target_machine
 # Which code generator made a kernel: raised whenever lowering changes the code a program
 # compiles to (its speed), so that a timing stored for the old code is not taken for the new one
 # (`codegen`, part of a measurement's lookup key).
-CODEGEN_VERSION = 2
+CODEGEN_VERSION = 3
 
 _cache: dict[tuple[object, ...], Kernel] = {}
 _cache_lock = threading.Lock()
@@ -76,7 +76,7 @@ def optimize(module: llvm.ModuleRef, options: CompileOptions) -> None:
 
 
 def codegen() -> str:
-    """This backend's code generator: its own version and LLVM's, like "1/llvm-15.0.7"."""
+    """This backend's code generator: its own version and LLVM's, like "3/llvm-22.1.0"."""
     return f"{CODEGEN_VERSION}/llvm-{'.'.join(map(str, llvm.llvm_version_info))}"
 
 

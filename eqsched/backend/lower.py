@@ -476,8 +476,7 @@ class _FunctionEmitter:
             acc = self._plain_load(ptr, ty, own is not None)
             value = self._accumulate(blk.reduce, acc, blk.value, mask)
         else:
-            acc = self.b.call(_masked_load(self.b.module, ty),
-                              [ptr, ir.Constant(I32, 4), own, ir.Constant(ty, None)])
+            acc = self._masked_load(ptr, own)
             value = self._accumulate(blk.reduce, acc, blk.value, mask)
         if own is not None and own is self.tail:
             self._plain_store(value, ptr)
@@ -487,7 +486,7 @@ class _FunctionEmitter:
             store = self.b.store(value, ptr)
             store.align = 4
         else:
-            self.b.call(_masked_store(self.b.module, ty), [value, ptr, ir.Constant(I32, 4), mask])
+            self._masked_store(value, ptr, mask)
 
     def _scattered_block(self, blk: Block, base: ir.Value, stride: int,
                          mask: ir.Value | None) -> None:
@@ -678,8 +677,7 @@ class _FunctionEmitter:
                 value = b.load(ptr, typ=vec_ty)
                 value.align = 4
                 return value
-            return b.call(_masked_load(b.module, vec_ty), [ptr, ir.Constant(I32, 4), mask,
-                                                           ir.Constant(vec_ty, None)])
+            return self._masked_load(ptr, mask)
         if addr.vector is not None:
             offsets = addr.vector
         else:
@@ -692,6 +690,49 @@ class _FunctionEmitter:
             mask = ir.Constant(ir.VectorType(I1, vec_ty.count), [1] * vec_ty.count)
         return b.call(_gather(b.module, vec_ty), [ptrs, ir.Constant(I32, 4), mask,
                                                   ir.Constant(vec_ty, None)])
+
+    def _masked_load(self, ptr: ir.Value, mask: ir.Value) -> ir.Value:
+        """The mask's lanes of the vector at `ptr`, zero elsewhere, as one masked load per
+        register of it: LLVM 22 lowered a <16 x float> masked load for AVX2 with a lane whose
+        mask is constant false as a plain load of that lane (conv2d's padding, 9 of 16 lanes
+        along a row, copied the next row's first element into the border)."""
+        b, width = self.b, self._register_width(mask.type.count)
+        ty = ir.VectorType(F32, width)
+        pieces = []
+        for start in range(0, mask.type.count, width):
+            lanes = _lanes_of(b, mask, start, width)
+            at = b.gep(ptr, [ir.Constant(I64, start)], source_etype=F32)
+            if _every_lane(lanes, False):
+                pieces.append(ir.Constant(ty, None))
+            elif _every_lane(lanes, True):
+                pieces.append(b.load(at, typ=ty))
+                pieces[-1].align = 4
+            else:
+                pieces.append(b.call(_masked_load(b.module, ty), [
+                    at, ir.Constant(I32, 4), lanes, ir.Constant(ty, None)]))
+        return _concat(b, pieces)
+
+    def _masked_store(self, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
+        """The mask's lanes of `value` stored at `ptr`, one masked store per register (see
+        _masked_load)."""
+        b, width = self.b, self._register_width(mask.type.count)
+        for start in range(0, mask.type.count, width):
+            lanes = _lanes_of(b, mask, start, width)
+            piece = _lanes_of(b, value, start, width)
+            at = b.gep(ptr, [ir.Constant(I64, start)], source_etype=F32)
+            if _every_lane(lanes, True):
+                b.store(piece, at).align = 4
+            elif not _every_lane(lanes, False):
+                b.call(_masked_store(b.module, piece.type), [piece, at, ir.Constant(I32, 4),
+                                                             lanes])
+
+    def _register_width(self, lanes: int) -> int:
+        """The width of the pieces a masked access of `lanes` is made in: a register, when
+        they are a power of two of registers; else the whole vector."""
+        count = lanes // self.register_lanes
+        if lanes % self.register_lanes or count & (count - 1):
+            return lanes
+        return self.register_lanes
 
     def _runs_load(self, buffer: str, starts: list[ir.Value], mask: ir.Value | None
                    ) -> ir.Value:
@@ -820,6 +861,24 @@ def _place(b: ir.IRBuilder, whole: ir.Value, piece: ir.Value, start: int) -> ir.
         ir.VectorType(I32, n), list(range(k)) + [k] * (n - k)))
     return b.shuffle_vector(whole, wide, ir.Constant(ir.VectorType(I32, n), [
         n + lane - start if start <= lane < start + k else lane for lane in range(n)]))
+
+
+def _lanes_of(b: ir.IRBuilder, vector: ir.Value, start: int, width: int) -> ir.Value:
+    """Lanes start..start + width of `vector` (itself when that is all of it; a constant of
+    a constant)."""
+    if start == 0 and width == vector.type.count:
+        return vector
+    if isinstance(vector, ir.Constant) and isinstance(vector.constant, list):
+        return ir.Constant(ir.VectorType(vector.type.element, width),
+                           vector.constant[start:start + width])
+    return b.shuffle_vector(vector, ir.Constant(vector.type, ir.Undefined), ir.Constant(
+        ir.VectorType(I32, width), list(range(start, start + width))))
+
+
+def _every_lane(mask: ir.Value, value: bool) -> bool:
+    """Whether `mask` is a constant with every lane `value`."""
+    return isinstance(mask, ir.Constant) and isinstance(mask.constant, list) \
+        and all(bool(getattr(lane, "constant", lane)) == value for lane in mask.constant)
 
 
 def _concat(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
