@@ -4,6 +4,7 @@ computes, at prime sizes (no extent has a divisor to tile by) or at the small si
     PYTHONPATH=$PWD python bench/space_soundness.py                 # 200 programs per workload
     PYTHONPATH=$PWD python bench/space_soundness.py --samples 20 matmul softmax
     PYTHONPATH=$PWD python bench/space_soundness.py --sizes small   # the workloads' small sizes
+    PYTHONPATH=$PWD python bench/space_soundness.py --target host,-avx512f   # AVX2 code
 
 Every axis of the prime sizes is prime (or 1, or a conv2d kernel of 3), so every tiled or
 vectorized program in the sample splits with a remainder (docs/ARCHITECTURE.md §6 Programs and
@@ -19,6 +20,7 @@ import argparse
 import functools
 import sys
 
+from eqsched.args import TARGET_HELP, CliError, parse_target
 from eqsched.tools.rulekit import check_spaces
 from eqsched.workloads import list_workloads
 
@@ -42,14 +44,20 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=200, help="programs drawn per workload")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sizes", choices=("prime", "small"), default="prime")
+    ap.add_argument("--target", default="host", help=TARGET_HELP)
     args = ap.parse_args()
+    try:
+        target = parse_target(args.target)
+    except CliError as err:
+        sys.exit(f"space_soundness: {err}")
     names = args.workloads or [w.name for w in list_workloads()]
     known = {w.name for w in list_workloads()} if args.sizes == "small" else set(PRIME_SIZES)
     missing = [n for n in names if n not in known]
     if missing:
         sys.exit(f"no {args.sizes} size for workload(s) {missing}; known: {sorted(known)}")
     sizes = {n: PRIME_SIZES[n] if args.sizes == "prime" else None for n in names}
-    failed = check_spaces(sizes, args.samples, args.seed, functools.partial(print, flush=True))
+    failed = check_spaces(sizes, args.samples, args.seed, functools.partial(print, flush=True),
+                          target)
     return 1 if failed else 0
 
 

@@ -359,7 +359,9 @@ class _FunctionEmitter:
         (7 of 8 lanes) keeps its exact width: its accumulators are rows narrower than a vector,
         which a wider access would overlap, and LLVM then stores each and reloads the next
         through memory (§17.2). So does a tail with `partial_lanes`: those lanes hold real
-        points, peeled after."""
+        points, peeled after. A whole loop of lanes that are no power of two but whole half
+        registers, wider than a register (24 on AVX2: three ymm across), runs as its pieces
+        too: LLVM widens a <24 x float> and moves its accumulators lane by lane."""
         if active is not None and active < loop.extent:
             wide = not partial_lanes and active >= self.register_lanes
             if wide and in_pieces(active, self.register_lanes):

@@ -281,11 +281,12 @@ class SpaceCheck:
 
 def check_space(workload: str, size: tuple[int, ...] | None = None, samples: int = 20,
                 seed: int = 0, where: Callable[[Any, Any, Program], bool] | None = None,
-                draws: int | None = None) -> SpaceCheck:
+                draws: int | None = None, target: Target | None = None) -> SpaceCheck:
     """Execute `samples` programs drawn uniformly from `workload`'s default space at `size` (its
     small size by default) and compare each with numpy; see the module docstring. `where(term,
     sizes, naive)` keeps only the programs it accepts, the first `samples` of `draws` draws
-    (`sampled` says how many were found)."""
+    (`sampled` says how many were found). `target` (default the host) sets the space's vector
+    lanes and the code the programs compile to."""
     from ..backend import BackendError, compile_program
     from ..egraph.derive import DeriveError, realize
     from ..egraph.encode import EncodeError
@@ -297,7 +298,9 @@ def check_space(workload: str, size: tuple[int, ...] | None = None, samples: int
     started = time.perf_counter()
     size = tuple(size or get_workload(workload).small_size)
     base = naive_program(get_workload(workload).build(*size))
-    space = build_space(base, default_rules())
+    target = target or Target.host()
+    space = build_space(base, default_rules(), None, vector_lanes(target.vector_lanes))
+    options = CompileOptions(target=target)
     inputs = random_inputs(base.computation, seed=1)
     want = reference(base.computation, inputs)
     drawn = space.sample(draws or samples, seed)
@@ -308,7 +311,7 @@ def check_space(workload: str, size: tuple[int, ...] | None = None, samples: int
         try:
             prog = realize(term, sizes, base)
             remainders += _has_remainder(prog)
-            ok, _, message = compare(compile_program(prog).run(inputs), want,
+            ok, _, message = compare(compile_program(prog, options).run(inputs), want,
                                      tolerance(base.computation))
             problem = None if ok else f"wrong result: {message}"
         except (DeriveError, EncodeError, ScheduleError, BackendError) as e:
@@ -327,14 +330,15 @@ def _has_remainder(prog: Program) -> bool:
 
 
 def check_spaces(sizes: dict[str, tuple[int, ...] | None], samples: int, seed: int = 0,
-                 write: Callable[[str], None] = print) -> int:
-    """`check_space` for each workload at its size (None: the small one), a table row written
-    as each finishes and a FAIL line per failure; returns the number of failures."""
+                 write: Callable[[str], None] = print, target: Target | None = None) -> int:
+    """`check_space` for each workload at its size (None: the small one) on `target`, a table
+    row written as each finishes and a FAIL line per failure; returns the number of
+    failures."""
     write(f"{'workload':<18} {'size':<24} {'programs':>10} {'sampled':>8} {'remainder':>9} "
           f"{'failed':>7} {'seconds':>8}")
     failed = 0
     for workload, size in sizes.items():
-        check = check_space(workload, size, samples, seed)
+        check = check_space(workload, size, samples, seed, target=target)
         write(f"{workload:<18} {','.join(map(str, check.size)):<24} {check.programs:>10.3g} "
               f"{samples:>8} {check.remainders:>9} {len(check.failures):>7} "
               f"{check.seconds:>8.1f}")
