@@ -502,15 +502,10 @@ def test_a_tail_over_packed_panels_reads_each_pieces_runs():
     assert_matches_reference(prog, seed=6)
 
 
-@pytest.mark.parametrize("n", [56, 63])
-def test_a_register_tile_over_a_tail_stays_in_registers(n):
-    # conv2d's 56-wide rows in one step of a 64-lane tile: a local 2 x 64 accumulator tile over
-    # 56 columns, accessed in pieces of 32, 16 and 8 lanes at fixed offsets; over 63, accessed
-    # whole (in the tile's bounds; the lanes past the row are never written back) while the
-    # output's and inputs' accesses are masked to 63 lanes. Either way it stays in registers.
-    comp = matmul(4, n, 9)
+def two_rows_in_registers(comp: te.Computation, lanes: int) -> Schedule:
+    """C's rows two at a time in a local tile of `lanes`-wide vector steps, inside k."""
     sch = Schedule(naive_program(comp))
-    sch.split("C.j", [-1, 64])
+    sch.split("C.j", [-1, lanes])
     sch.split("C.i", [-1, 2])
     sch.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
     sch.fuse("C.init", "C.j.0")
@@ -519,6 +514,17 @@ def test_a_register_tile_over_a_tail_stays_in_registers(n):
         sch.unroll(loop)
     for loop in ("C.j.1", "C.init.j.1", "C.write.j.1"):
         sch.vectorize(loop)
+    return sch
+
+
+@pytest.mark.parametrize("n", [56, 63])
+def test_a_register_tile_over_a_tail_stays_in_registers(n):
+    # conv2d's 56-wide rows in one step of a 64-lane tile: a local 2 x 64 accumulator tile over
+    # 56 columns, accessed in pieces of 32, 16 and 8 lanes at fixed offsets; over 63, accessed
+    # whole (in the tile's bounds; the lanes past the row are never written back) while the
+    # output's and inputs' accesses are masked to 63 lanes. Either way it stays in registers.
+    comp = matmul(4, n, 9)
+    sch = two_rows_in_registers(comp, 64)
     kernel = compile_program(sch.program)
     assert "alloca" not in kernel.llvm_ir()
     masked = set(masked_lanes(str(lower(sch.program, "", "")[0]), 16))
@@ -534,16 +540,7 @@ def test_a_vector_of_three_registers_runs_as_power_of_two_pieces():
     # 16 and 8 lanes from their first lanes the tile stays in registers. 56 columns in steps of
     # 24 also leave a tail of 8 lanes.
     comp = matmul(4, 56, 9)
-    sch = Schedule(naive_program(comp))
-    sch.split("C.j", [-1, 24])
-    sch.split("C.i", [-1, 2])
-    sch.reorder("C.i.0", "C.j.0", "C.k", "C.i.1", "C.j.1")
-    sch.fuse("C.init", "C.j.0")
-    sch.cache_write("C.update", "C.j.0")
-    for loop in ("C.i.1", "C.init.i.1", "C.write.i.1"):
-        sch.unroll(loop)
-    for loop in ("C.j.1", "C.init.j.1", "C.write.j.1"):
-        sch.vectorize(loop)
+    sch = two_rows_in_registers(comp, 24)
     text = str(lower(sch.program, "", "", register_lanes=8)[0])
     assert "<24 x float>" not in text and "<32 x float>" not in text
     assert "llvm.fma.v16f32" in text and "llvm.fma.v8f32" in text
