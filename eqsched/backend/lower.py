@@ -365,8 +365,7 @@ class _FunctionEmitter:
         if active is not None and active < loop.extent:
             wide = not partial_lanes and active >= self.register_lanes
             if wide and in_pieces(active, self.register_lanes):
-                for first, lanes in tail_pieces(active):
-                    self._lanes(Loop(loop.name, lanes, loop.kind, loop.body), first, lanes)
+                self._each_piece(loop, active)
                 return
             width = min(loop.extent, 1 << (active - 1).bit_length()) if wide else active
             loop = Loop(loop.name, width, loop.kind, loop.body)
@@ -374,10 +373,15 @@ class _FunctionEmitter:
             active = loop.extent
             if active & (active - 1) and active > self.register_lanes \
                     and in_pieces(active, self.register_lanes):
-                for first, lanes in tail_pieces(active):
-                    self._lanes(Loop(loop.name, lanes, loop.kind, loop.body), first, lanes)
+                self._each_piece(loop, active)
                 return
         self._lanes(loop, 0, active)
+
+    def _each_piece(self, loop: Loop, active: int) -> None:
+        """The body once per power-of-two piece of the first `active` lanes, each an exact
+        vector from its first lane."""
+        for first, lanes in tail_pieces(active):
+            self._lanes(Loop(loop.name, lanes, loop.kind, loop.body), first, lanes)
 
     def _lanes(self, loop: Loop, first: int, active: int) -> None:
         """The body once on the vector of `loop.extent` lanes from lane `first`, its first
