@@ -490,13 +490,12 @@ class _BlockCoster:
                     for port in ("loads", "stores")}
         if blk.reduce is not None:
             self._op("compute", OP_COST["max" if blk.reduce == "max" else "+"], everywhere)
-            chains = math.prod(lp.extent for d, lp in enumerate(self.loops)
-                               if d > self.innermost and d in deps
-                               and lp.kind == LoopKind.UNROLL)
+            unrolled_inside = [(d, lp) for d, lp in enumerate(self.loops)
+                               if d > self.innermost and lp.kind == LoopKind.UNROLL]
+            chains = math.prod(lp.extent for d, lp in unrolled_inside if d in deps)
             # Accumulators stay in registers through the loops they are invariant in: a
             # carried innermost serial loop, or unrolled copies (CSE) inside each iteration.
-            live = any(d > self.innermost and d not in deps and lp.kind == LoopKind.UNROLL
-                       for d, lp in enumerate(self.loops))
+            live = any(d not in deps for d, _ in unrolled_inside)
             if store.buffer not in self.registers:  # promoted out of the loops it is invariant in
                 # ... unless scattered: LICM promotes no gather or scatter, so it runs per point
                 placed = everywhere if scattered else deps
@@ -548,9 +547,7 @@ class _BlockCoster:
             if live and excess > 0:
                 # A spilled accumulator makes a round trip through memory at each of its
                 # updates in an iteration (rc unrolled 8 inside the taps: 8 of them).
-                updates = math.prod(lp.extent for d, lp in enumerate(self.loops)
-                                    if d > self.innermost and d not in deps
-                                    and lp.kind == LoopKind.UNROLL)
+                updates = math.prod(lp.extent for d, lp in unrolled_inside if d not in deps)
                 once, each = SPILL_CYCLES
                 spills = (once + each * min(excess, touched) * updates) * self._iterations()
         elif store.buffer not in self.registers:

@@ -648,8 +648,7 @@ class _FunctionEmitter:
     def _plain_store(self, value: ir.Value, ptr: ir.Value) -> None:
         b = self.b
         for start, lanes in self._pieces():
-            piece = b.shuffle_vector(value, ir.Constant(value.type, ir.Undefined), ir.Constant(
-                ir.VectorType(I32, lanes), list(range(start, start + lanes))))
+            piece = _lanes_of(b, value, start, lanes)
             store = b.store(piece, b.gep(ptr, [ir.Constant(I64, start)], source_etype=F32))
             store.align = 4
 
