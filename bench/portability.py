@@ -27,9 +27,9 @@ Bars (issue 13): every row >= 0.9x numpy on the host and >= 0.85x on the AVX2 ta
 rows >= 0.9x onnxruntime; two threads >= 1.8x one.
 
 Each row also gives each side's share of the peak of the instructions it runs (the calibrated
-`MachineModel.peak_gflops`): eqsched's of the target's, numpy's of the target's (its OpenBLAS
-kernel is chosen to match), onnxruntime's of the host's, because onnxruntime picks its kernels
-from the CPU and runs AVX-512 on an AVX-512 host whatever the target. The AVX2 rows stand for
+`MachineModel.peak_gflops`): eqsched's of the target's, onnxruntime's of the host's, because
+onnxruntime picks its kernels from the CPU and runs AVX-512 on an AVX-512 host whatever the
+target (numpy's OpenBLAS kernel is chosen to match the target). The AVX2 rows stand for
 AVX2 code "on this same core, where AVX2 code can reach the same peak" (the issue): true of a
 core that runs AVX-512 as two 256-bit halves (Zen 4), not of one with full-width 512-bit units
 (Zen 5, Intel's two-FMA-port parts), where the target's peak is half the host's. There the
@@ -422,7 +422,7 @@ def report(rows_by_target: dict[str, list], thread_rows: list) -> bool:
               f"in-run: the exploration's best single timing, finals: its finalists' best "
               f"re-measured side by side, both in its worker)")
         if shares:
-            row = rows[0]
+            row = next(row for row in rows if "peak" in row)
             print(f"(this target's peak, {row['peak']:.1f} GFLOPS, is "
                   f"{row['peak'] / row['host_peak']:.2f}x the host's {row['host_peak']:.1f}, "
                   f"whose instructions onnxruntime runs: its conv2d bar compares shares of "
