@@ -493,36 +493,53 @@ class EvolutionarySearch:
 
     def vectorized(self, cand: Candidate) -> Candidate | None:
         """The candidate with the innermost loop around each root nest's reduction made a
-        vector loop, where the space has that program: its piece resized to a vector width
-        (the widest the space allows), the other pieces of its group kept as far as the
-        extent allows; None when no nest changes. MetaSchedule's ParallelizeVectorizeUnroll
-        vectorizes every sketch's innermost spatial loop; in a uniform draw a vector loop is
-        a rare choice (few sizes fit one), and a register tile found without one ranks below
-        programs whose rows are vectors until a mutation hits both at once."""
+        vector loop, and in each root nest of one elementwise block the innermost loop over
+        its store's unit-stride dimension moved innermost and made one, where the space has
+        that program: the vector piece resized to a vector width (the widest the space
+        allows), the other pieces of its group kept as far as the extent allows; None when no
+        nest changes. MetaSchedule's ParallelizeVectorizeUnroll vectorizes every sketch's
+        innermost spatial loop; in a uniform draw a vector loop is a rare choice (few sizes
+        fit one), and a register tile found without one ranks below programs whose rows are
+        vectors until a mutation hits both at once. An elementwise nest left after its
+        reduction (a GELU after a matmul whose tile it could not join) needs a reorder as
+        well: its loops follow the reduction's tile, whose unit-stride piece is rarely
+        innermost."""
         term, sizes = cand.term, dict(cand.sizes)
         for index, stmt in enumerate(term.body):
             loop = _innermost_reduction_loop(stmt, self.space.facts)
-            if loop is None or loop.kind == LoopKind.VECTOR.value:
+            if loop is not None:
+                vector = dataclasses.replace(loop, kind=LoopKind.VECTOR.value)
+                nest = _replaced(stmt, loop, vector)
+            else:
+                moved = _unit_stride_innermost(stmt, self.space.facts)
+                if moved is None:
+                    continue
+                nest, loop = moved
+            if loop.kind == LoopKind.VECTOR.value:
                 continue
-            vector = dataclasses.replace(loop, kind=LoopKind.VECTOR.value)
-            body = term.body[:index] + (_replaced(stmt, loop, vector),) + term.body[index + 1:]
+            body = term.body[:index] + (nest,) + term.body[index + 1:]
             trial = dataclasses.replace(term, body=body)
-            options = dict(self.space.size_options(trial)).get(loop.group, [])
-            mine = {path: extent for (g, path), extent in sizes.items() if g == loop.group}
-            fitting = [o for o in options if o.get(loop.path) in self.space.vector_lanes]
-            if not fitting:
-                continue
-            kept = max(sum(o[p] == mine.get(p) for p in o if p != loop.path) for o in fitting)
-            best = max((o for o in fitting
-                        if sum(o[p] == mine.get(p) for p in o if p != loop.path) == kept),
-                       key=lambda o: (o[loop.path], sorted(o.items())))
-            new_sizes = {**{k: v for k, v in sizes.items() if k[0] != loop.group},
-                         **{(loop.group, p): e for p, e in best.items()}}
-            if self.space.contains(trial, new_sizes):
+            new_sizes = self._vector_sized(trial, loop, sizes)
+            if new_sizes is not None and self.space.contains(trial, new_sizes):
                 term, sizes = trial, new_sizes
         if term is cand.term:
             return None
         return self._grow(self.space.picks_for(term), _assignment(sizes))
+
+    def _vector_sized(self, term: Term, loop: PieceLoop, sizes: Sizes) -> Sizes | None:
+        """`sizes` with `loop`'s piece a vector width in `term`: of the space's options for its
+        group, the one keeping most other pieces, then the widest; None when none fits."""
+        options = dict(self.space.size_options(term)).get(loop.group, [])
+        mine = {path: extent for (g, path), extent in sizes.items() if g == loop.group}
+        fitting = [o for o in options if o.get(loop.path) in self.space.vector_lanes]
+        if not fitting:
+            return None
+        kept = max(sum(o[p] == mine.get(p) for p in o if p != loop.path) for o in fitting)
+        best = max((o for o in fitting
+                    if sum(o[p] == mine.get(p) for p in o if p != loop.path) == kept),
+                   key=lambda o: (o[loop.path], sorted(o.items())))
+        return {**{k: v for k, v in sizes.items() if k[0] != loop.group},
+                **{(loop.group, p): e for p, e in best.items()}}
 
     def _tile_twins_of(self, parents: list[Candidate]) -> list[Candidate]:
         """Each parent's `register_tiled` twins (made once a round, as the vector twins)."""
@@ -1005,6 +1022,22 @@ def _innermost_reduction_loop(stmt: Stmt, facts: Facts, over_reduce: bool = Fals
 
     visit(stmt, ())
     return found
+
+
+def _unit_stride_innermost(stmt: Stmt, facts: Facts) -> tuple[Stmt, PieceLoop] | None:
+    """A root nest of single loops around one elementwise block, with the innermost of its
+    loops over the block's unit-stride store dimension moved innermost (the loop, as it
+    was); None for any other statement, or a block without such a loop."""
+    chain = _loop_chain(stmt)
+    if chain is None or facts.reduce_groups.get(chain[1].name):
+        return None
+    loops, block = chain
+    group = facts.store_inner_group.get(block.name)
+    inner = next((lp for lp in reversed(loops) if lp.group == group), None)
+    if inner is None:
+        return None
+    return _nest([lp for lp in loops if lp is not inner]
+                 + [dataclasses.replace(inner, kind=LoopKind.VECTOR.value)], (block,)), inner
 
 
 def _tile_columns(stmt: Stmt, facts: Facts, sizes: Sizes) -> tuple[str, str, int] | None:

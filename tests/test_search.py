@@ -643,6 +643,11 @@ def _vector_around(cand, block):
     return [lp for lp in prog.enclosing(block) if lp.kind == LoopKind.VECTOR]
 
 
+def _root_holding(term, block):
+    return next(s for s in term.body
+                if any(isinstance(n, BlockRef) and n.name == block for n, _ in walk((s,))))
+
+
 def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space):
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=4)
     made = 0
@@ -654,9 +659,34 @@ def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space)
         if twin is None:
             continue
         assert space.contains(twin.term, twin.sizes)
+        if _root_holding(twin.term, "C.update") == _root_holding(cand.term, "C.update"):
+            continue  # no vector loop fits there: the twin vectorized the init's nest alone
         vector = _vector_around(twin, "C.update")
         assert vector and vector[0] is twin.program.enclosing("C.update")[-1]
         assert vector[0].extent in space.vector_lanes
+        if made < 3:
+            _runs_right_on_two_threads(twin, space)
+        made += 1
+    assert made >= 3
+
+
+def test_a_vector_twin_vectorizes_an_elementwise_nest_along_its_unit_stride_store():
+    space = build_space(scaled_relu_matmul(8, 16, 8), default_rules())
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=3)
+    made = 0
+    for _ in range(150):
+        cand = search.random_candidate()
+        alone = [n for n in cand.program.body if isinstance(n, Loop)
+                 and {b.name for b in _blocks_under(n)} == {"E"}]
+        if not alone or _vector_around(cand, "E"):
+            continue
+        twin = search.vectorized(cand)
+        assert twin is not None
+        assert space.contains(twin.term, twin.sizes)
+        innermost = twin.program.enclosing("E")[-1]
+        # E[i, j]: j is the store's unit stride, and its innermost piece is the vector loop.
+        assert innermost.kind == LoopKind.VECTOR and innermost.name.startswith("E.j")
+        assert innermost.extent in space.vector_lanes
         if made < 3:
             _runs_right_on_two_threads(twin, space)
         made += 1
