@@ -22,7 +22,10 @@ prior's on the same programs, averaged over the folds (one held-out fifth of a f
 programs let trees that ranked worse through). The trees are used only if they rank better than
 the prior by CHECK_MARGIN, and, where the current run's problem has held-out programs, not more
 than GLOBAL_SLACK worse on it; they are then refitted on all rows. Otherwise the prior's
-predictions stand.
+predictions stand. Even then the trees rank only problems they were trained on
+MIN_PROBLEM_ROWS programs of (enough that every held-out fifth can hold some): the check
+never holds out a problem whole, so it says nothing of how the trees rank one they have not
+seen, and the prior ranks those (a model's later tasks start so, before their first batch).
 
 Scores become seconds for plots and the search's settle test: within a problem,
 log(seconds) = a + b * score, with b fitted over all groups and a anchored so that the problem's
@@ -46,6 +49,7 @@ import hashlib
 import inspect
 import json
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -73,6 +77,9 @@ RELEVANCE_LEVELS = 16
 VALIDATION_FOLDS = 5  # the check's cross-validation: each fifth held out in turn
 CHECK_MARGIN = 0.02  # how much better than the prior the trees must rank held-out programs
 MIN_GROUP_ROWS = 3  # fewer held-out programs of a problem than this do not rank anything
+# The trees rank a problem only once trained on this many of its programs: the check holds out
+# programs of problems the trees were trained on, so it says nothing of one they have not seen.
+MIN_PROBLEM_ROWS = VALIDATION_FOLDS * MIN_GROUP_ROWS
 TREE_PARAMS = {
     "objective": "lambdarank", "label_gain": list(range(RELEVANCE_LEVELS)),
     "num_leaves": 15, "min_data_in_leaf": 5, "learning_rate": 0.1, "lambda_l2": 1.0,
@@ -298,6 +305,7 @@ class LearnedModel(CostModel):
         self._examples: dict[tuple[str, str], Example] = {}  # (group, key) -> the latest
         self._current: set[str] = set()  # groups of the programs given to `update`
         self._trees: lightgbm.Booster | None = None
+        self._trained: Counter[str] = Counter()  # problem -> programs the trees learned from
         self._slope = _SLOPE_CAP
         self._anchors: dict[str, float] = {}
         self._validation: dict[str, float | int | None] = {}
@@ -318,7 +326,8 @@ class LearnedModel(CostModel):
 
     @property
     def fitted(self) -> bool:
-        """Whether predictions come from the trees (else from the prior)."""
+        """Whether the trees are used: for the problems they were trained on MIN_PROBLEM_ROWS
+        programs of (the prior predicts the others, and every problem when this is False)."""
         self._refresh()
         return self._trees is not None
 
@@ -333,20 +342,40 @@ class LearnedModel(CostModel):
 
     def predict(self, programs: Sequence[Program]) -> np.ndarray:
         self._refresh()
-        if self._trees is None:
-            if self.prior is None:
-                return np.ones(len(programs))
-            return np.asarray(self.prior.predict(programs), dtype=float)
-        scores = self._trees.predict(inputs(programs, self.prior, self.hardware))
-        anchors = np.array([self._anchor(p) for p in programs])
-        return np.exp(anchors + self._slope * scores)
+        if self._trees is None and self.prior is None:
+            return np.ones(len(programs))
+        learned = (np.ones(len(programs), dtype=bool) if self.prior is None
+                   else self._learned([group_of(p) for p in programs]))
+        out = np.empty(len(programs))
+        if not learned.all():
+            out[~learned] = self.prior.predict([p for p, t in zip(programs, learned) if not t])
+        if learned.any():
+            chosen = [p for p, t in zip(programs, learned) if t]
+            scores = self._trees.predict(inputs(chosen, self.prior, self.hardware))
+            anchors = np.array([self._anchor(p) for p in chosen])
+            out[learned] = np.exp(anchors + self._slope * scores)
+        return out
 
-    def rank_keys(self, x: np.ndarray) -> np.ndarray:
+    def rank_keys(self, x: np.ndarray, groups: Sequence[str] | None = None) -> np.ndarray:
         """A ranking key of `inputs` rows, lower is faster, comparable within one problem: the
-        trees' negated score, or the prior's log prediction where the trees are not used."""
+        trees' negated score, or the prior's log prediction where the trees are not used (and,
+        given each row's problem in `groups`, for problems the trees saw too few of)."""
         x = np.asarray(x, dtype=float).reshape(-1, len(FEATURE_NAMES) + 1)
         self._refresh()
-        return x[:, -1].copy() if self._trees is None else -self._trees.predict(x)
+        if self._trees is None:
+            return x[:, -1].copy()
+        keys = -self._trees.predict(x)
+        if groups is not None:
+            learned = self._learned(list(groups))
+            keys[~learned] = x[~learned, -1]
+        return keys
+
+    def _learned(self, groups: list[str]) -> np.ndarray:
+        """Per problem, whether the trees rank it: they are used and were trained on
+        MIN_PROBLEM_ROWS of its programs (`predict` without a prior uses them for all)."""
+        if self._trees is None:
+            return np.zeros(len(groups), dtype=bool)
+        return np.array([self._trained[g] >= MIN_PROBLEM_ROWS for g in groups], dtype=bool)
 
     def _anchor(self, prog: Program) -> float:
         # a in log(seconds) = a + b * score: the naive program gets the prior's prediction.
@@ -417,6 +446,7 @@ class LearnedModel(CostModel):
 
     def _refit(self) -> None:
         self._trees, self._anchors, self._validation = None, {}, {}
+        self._trained = Counter()
         if self.samples < self.min_samples:
             return
         x, y, groups, keys = self._arrays()
@@ -445,6 +475,7 @@ class LearnedModel(CostModel):
         if learned_now is not None and learned_now < prior_now - GLOBAL_SLACK:
             return
         self._trees = train_trees(x, y, groups, self.seed)
+        self._trained = Counter(groups.tolist())
         self._slope = _within_group_slope(self._trees.predict(x), y, groups)
 
     # ---- persistence ----------------------------------------------------------------------

@@ -132,12 +132,14 @@ def test_learning_curves_show_trees_learning_what_the_prior_misses():
     assert curves["held_out"] == 60 and curves["pool"] == 180 and curves["others"] == 150
     low, high, missing = curves["points"]
     # The prior here is noise; below min_samples the model predicts it, the unchecked trees
-    # already try; with 128 programs the trees rank the held-out ones well, and transfer from a
-    # workload ordered the same way helps from the start.
+    # already try; with 128 programs the trees rank the held-out ones well. Trees fitted with
+    # another workload's rows rank a size only once trained on MIN_PROBLEM_ROWS of it: 16
+    # programs of two sizes are too few, 128 are enough.
     assert abs(low["prior"]["spearman"]) < 0.3 and low["same"]["fitted"] == 0
     assert low["same"]["spearman"] == low["prior"]["spearman"] and low["transfer"]["fitted"] == 1
-    assert low["transfer"]["spearman"] > 0.6
+    assert low["transfer"]["spearman"] == low["prior"]["spearman"]
     assert high["same"]["spearman"] > 0.6 and high["same"]["fitted"] == 1
+    assert high["transfer"]["spearman"] > 0.6 and high["transfer"]["fitted"] == 1
     assert missing["same"] is None and missing["transfer"] is None
     assert "transfer adds 150 measurements of conv2d_nchw" in curves_table(curves)
 
