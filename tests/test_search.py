@@ -673,16 +673,18 @@ def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space)
 def test_a_vector_twin_vectorizes_an_elementwise_nest_along_its_unit_stride_store():
     space = build_space(scaled_relu_matmul(8, 16, 8), default_rules())
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=3)
-    made = 0
-    for _ in range(150):
-        cand = search.random_candidate()
+
+    def twin_of_a_scalar_nest_of_e_alone(cand):
         alone = [n for n in cand.program.body if isinstance(n, Loop)
                  and {b.name for b in _blocks_under(n)} == {"E"}]
         if not alone or _vector_around(cand, "E"):
-            continue
+            return []
         twin = search.vectorized(cand)
         assert twin is not None
-        assert space.contains(twin.term, twin.sizes)
+        return [twin]
+
+    made = 0
+    for _, (twin,) in _drawn_with_twins(search, twin_of_a_scalar_nest_of_e_alone, draws=150):
         innermost = twin.program.enclosing("E")[-1]
         # E[i, j]: j is the store's unit stride, and its innermost piece is the vector loop.
         assert innermost.kind == LoopKind.VECTOR and innermost.name.startswith("E.j")
