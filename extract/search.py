@@ -1027,7 +1027,8 @@ def _innermost_reduction_loop(stmt: Stmt, facts: Facts, over_reduce: bool = Fals
 def _unit_stride_innermost(stmt: Stmt, facts: Facts) -> tuple[Stmt, PieceLoop] | None:
     """A root nest of single loops around one elementwise block, with the innermost of its
     loops over the block's unit-stride store dimension moved innermost (the loop, as it
-    was); None for any other statement, or a block without such a loop."""
+    was; the space keeps a split's pieces in order, so that is the finest piece, whose steps
+    are one element); None for any other statement, or a block without such a loop."""
     chain = _loop_chain(stmt)
     if chain is None or facts.reduce_groups.get(chain[1].name):
         return None
