@@ -113,22 +113,29 @@ class Example:
 
 # ---- inputs ------------------------------------------------------------------------------------
 
-_naive_of: dict[int, tuple[object, Program]] = {}
+_naive_of: dict[int, tuple[object, Program, str]] = {}
 
 
 def group_of(prog: Program) -> str:
     """The problem a program solves: its naive program's hash (one per workload and size)."""
-    return _naive(prog).hash()
+    return _naive_entry(prog)[2]
 
 
 def _naive(prog: Program) -> Program:
+    return _naive_entry(prog)[1]
+
+
+def _naive_entry(prog: Program) -> tuple[object, Program, str]:
     # The computations of one explore are few and shared by all its programs: keyed by identity
-    # (the entry keeps the computation alive, so its id is not reused).
+    # (the entry keeps the computation alive, so its id is not reused). The hash is kept too:
+    # `predict` asks every ranked program's problem, and printing the naive program to hash it
+    # each time was most of that.
     comp = prog.computation
     found = _naive_of.get(id(comp))
     if found is None or found[0] is not comp:
-        found = _naive_of[id(comp)] = (comp, naive_program(comp))
-    return found[1]
+        naive = naive_program(comp)
+        found = _naive_of[id(comp)] = (comp, naive, naive.hash())
+    return found
 
 
 def _log_prior(prior: CostModel | None, programs: Sequence[Program]) -> np.ndarray:
@@ -342,8 +349,10 @@ class LearnedModel(CostModel):
 
     def predict(self, programs: Sequence[Program]) -> np.ndarray:
         self._refresh()
-        if self._trees is None and self.prior is None:
-            return np.ones(len(programs))
+        if self._trees is None:
+            if self.prior is None:
+                return np.ones(len(programs))
+            return np.asarray(self.prior.predict(programs), dtype=float)
         learned = (np.ones(len(programs), dtype=bool) if self.prior is None
                    else self._learned([group_of(p) for p in programs]))
         out = np.empty(len(programs))
@@ -371,10 +380,8 @@ class LearnedModel(CostModel):
         return keys
 
     def _learned(self, groups: list[str]) -> np.ndarray:
-        """Per problem, whether the trees rank it: they are used and were trained on
+        """Per problem, whether the trees (in use) rank it: they were trained on
         MIN_PROBLEM_ROWS of its programs (`predict` without a prior uses them for all)."""
-        if self._trees is None:
-            return np.zeros(len(groups), dtype=bool)
         return np.array([self._trained[g] >= MIN_PROBLEM_ROWS for g in groups], dtype=bool)
 
     def _anchor(self, prog: Program) -> float:

@@ -19,6 +19,7 @@ from eqsched.extract import Candidate, CostModel, EvolutionarySearch, get_cost_m
 from eqsched.extract.analytic import AnalyticModel
 from eqsched.extract.search import (
     TWINS_MEASURED,
+    _block_names,
     _splits_exactly,
     _with_every_sketch,
     unrolled_copies,
@@ -644,8 +645,7 @@ def _vector_around(cand, block):
 
 
 def _root_holding(term, block):
-    return next(s for s in term.body
-                if any(isinstance(n, BlockRef) and n.name == block for n, _ in walk((s,))))
+    return next(s for s in term.body if block in _block_names(s))
 
 
 def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space):

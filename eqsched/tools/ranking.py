@@ -175,8 +175,8 @@ def learning_curves(rows: Sequence[tuple[str, Any]], workload: str,
                 model.add_examples(chosen, current=True)
                 model.add_examples(extra)
                 fitted[kind] += model.fitted
-                runs[kind].append(_held_out_scores(model.rank_keys(x_test, g_test), y_test,
-                                                        g_test))
+                keys = model.rank_keys(x_test, g_test)
+                runs[kind].append(_held_out_scores(keys, y_test, g_test))
             trees = train_trees(np.array([e.x for e in chosen]),
                                 np.array([e.log_seconds for e in chosen]),
                                 np.array([e.group for e in chosen]), draw)
