@@ -75,6 +75,7 @@ from eqsched.ir import Block, Loop, LoopKind, Program, Scope
 from eqsched.schedule import ScheduleError
 
 from .cost import CostModel
+from .sketches import blocked_sketches
 
 T = TypeVar("T")
 # Code-size limit (TVM's max_unroll_step): nested unrolled loops multiply, and LLVM takes minutes
@@ -233,6 +234,20 @@ class EvolutionarySearch:
             if cand is not None:
                 return cand
         return None
+
+    @functools.cached_property
+    def _blocked_seeds(self) -> list[Candidate]:
+        """The space's blocked sketches (`sketches.blocked_sketches`) that it holds with their
+        sizes, as candidates: every first population starts with them."""
+        out = []
+        for term, sizes in blocked_sketches(self.space.naive, self.space.facts,
+                                            self.space.vector_lanes[1]):
+            if not self.space.contains(term, sizes):
+                continue
+            cand = self._grow(self.space.picks_for(term), _assignment(sizes))
+            if cand is not None and cand.term == term and cand.sizes == dict(sorted(sizes.items())):
+                out.append(cand)
+        return out
 
     def _count(self) -> int:
         if self._total is None:
@@ -908,6 +923,8 @@ class EvolutionarySearch:
                     pool[c.hash] = c
 
         add(seeds)
+        if not seeds:
+            add(self._blocked_seeds)
         # Draws repeat once most of a space is in the pool: `max_attempts` draws in a row that
         # add nothing end the filling (a space with fewer programs than a population would
         # never fill it).

@@ -88,6 +88,19 @@ def vectorizable(extent: int) -> bool:
     return any(extent % lanes == 0 for lanes in VECTOR_LANES)
 
 
+def whole_registers(extent: int) -> bool:
+    """An extent that is whole registers of the widest target's (512-bit) lanes."""
+    return extent % VECTOR_LANES[1] == 0
+
+
+def wastes_lanes(extent: int) -> bool:
+    """Rows of this extent, covered by whole registers of the widest target's lanes, leave
+    more than one lane in 16 empty (56 of 64 do; 1000 of 1008 do not): enough to vectorize
+    along another axis that fills its registers."""
+    padded = -(-extent // VECTOR_LANES[1]) * VECTOR_LANES[1]
+    return 16 * (padded - extent) > padded
+
+
 def blocked_groups(facts: Facts) -> dict[str, str]:
     """Stage -> the group its vector loops run along instead of its output's innermost one.
 
@@ -95,17 +108,24 @@ def blocked_groups(facts: Facts) -> dict[str, str]:
     Y[n, k, p, q]), its vector loops run along another stored axis (k), as oneDNN's and TVM's
     NCHW[x]c convolutions do: the local tile keeps its loops' order, so there the vector axis is
     innermost and contiguous, and only the tile's write-back to the output (once per tile) is a
-    scatter. The innermost such axis of the update's store is chosen: one per stage, so that
-    cache_write keeps one anchor per stage. Stages whose innermost axis can hold a vector keep
-    their space as it is."""
+    scatter. So too when the innermost axis holds vectors but its rows waste lanes
+    (`wastes_lanes`) and another stored axis is whole registers (conv2d's 56-wide rows beside
+    64 channels): along the rows, the last vector of each (56 = 3 x 16 + 8) fills half a
+    register, and on a core with full-width 512-bit units it costs as much as a whole one.
+    The innermost such axis of the update's store is chosen: one per stage, so that
+    cache_write keeps one anchor per stage. Stages whose rows are whole registers or waste few
+    lanes (matmul 1024 x 1000), or that have no other axis to take, keep their space as it
+    is."""
     out = {}
     for name, blk in facts.blocks.items():
         inner = facts.store_inner_group[name]
-        if blk.reduce is None or (inner is not None and vectorizable(facts.extents[inner])):
+        holds_vectors = inner is not None and vectorizable(facts.extents[inner])
+        if blk.reduce is None or holds_vectors and not wastes_lanes(facts.extents[inner]):
             continue
+        fits = whole_registers if holds_vectors else vectorizable
         stored = [facts.group(name, ix.name) for ix in blk.indices if isinstance(ix, Var)]
         across = [g for g in stored if g != inner and g not in facts.reduce_groups[name]
-                  and vectorizable(facts.extents[g])]
+                  and fits(facts.extents[g])]
         if across:
             out[blk.stage] = across[-1]
     return out
