@@ -17,7 +17,8 @@ after the other). Per block, in cycles of the machine model's reference clock:
                                                  the share of offsets that make it, costed at
                                                  the calibrated split rate
     stores   = stores x cycles per store         contiguous vector stores, scatters (a scalar
-                                                 store per lane)
+                                                 store per lane), or a scatter's transposed
+                                                 runs (L/T stores of T lanes, log2 T shuffles)
     issue    = instructions / issue width        loop bookkeeping included; a body too big for
                                                  the L1i issues at LEGACY_DECODE_SHARE of it
     latency  = updates per accumulator * FMA latency, when the accumulator is carried through the
@@ -87,7 +88,7 @@ import numpy as np
 
 from eqsched.affine import AffineError
 from eqsched.backend.lower import body_copies, in_pieces, tail_pieces
-from eqsched.backend.transpose import TransposingCopy, transposing_copy
+from eqsched.backend.transpose import MIN_TILE, TransposingCopy, transposing_copy
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest, walk
 from eqsched.legality import loop_binding
@@ -551,7 +552,15 @@ class _BlockCoster:
                 once, each = SPILL_CYCLES
                 spills = (once + each * min(excess, touched) * updates) * self._iterations()
         elif store.buffer not in self.registers:
-            self._op("stores", 1, everywhere, per_lane["stores"])
+            run = self._transposed_run(store) if scattered else 0
+            if run:  # the backend's transposed stores: L/T runs and log2 T shuffle rounds
+                pieces = self.lanes // run
+                self._op("stores", 1, everywhere,
+                         pieces * self.machine.op_cycles("stores", run))
+                self._op("compute", 1, everywhere,
+                         pieces * math.log2(run) * self.machine.op_cycles("compute", run))
+            else:
+                self._op("stores", 1, everywhere, per_lane["stores"])
         self.instructions += LOOP_INSTRUCTIONS * self._iterations() / self.copies
         body = self.instructions / max(self._iterations(), 1) * self.copies
         width = self.machine.issue_width
@@ -601,6 +610,21 @@ class _BlockCoster:
         width = self._width(deps)
         self.cycles[port] += count * (cycles_per_op or self._op_cycles(port, width))
         self.instructions += count * self._instructions(port, width)
+
+    def _transposed_run(self, store: _Access) -> int:
+        """The columns T of a strided vector store the backend stores as transposed runs
+        (`lower._FunctionEmitter._transposed_stores`): an unrolled loop of T steps (a power of
+        two from `MIN_TILE` to the lanes), contiguous in the store, among the unrolled loops
+        right around the vector loop; 0 when there is none."""
+        strides = dict(store.strides)
+        for d in range(self.vec - 1, -1, -1):
+            lp = self.loops[d]
+            if lp.kind != LoopKind.UNROLL:
+                break
+            if strides.get(d) == 1 and not lp.extent & (lp.extent - 1) \
+                    and MIN_TILE <= lp.extent <= self.lanes:
+                return lp.extent
+        return 0
 
     def _instructions(self, port: str, width: int) -> float:
         """Instructions of one operation `width` lanes wide, on average over the vector loop's

@@ -817,3 +817,23 @@ def test_a_pack_of_a_constant_weight_is_not_charged_per_call(model):
     assert 0 < model.breakdown(weighted)["copies"] < model.breakdown(varying)["copies"]
     assert model.predict([weighted])[0] == model.predict([weighted.per_call])[0]
     assert model.predict([weighted])[0] < model.predict([varying])[0]
+
+
+def test_a_strided_store_the_backend_transposes_costs_less_than_its_scatter(model):
+    # Y[k, p, q] = X[p, q, k] * 2 vectorized along k (lanes 16 apart in Y): with q unrolled 8
+    # around the vector loop the backend stores transposed runs of 8 columns; with q serial,
+    # a scatter per vector.
+    x = placeholder((8, 16, 32), "X")
+    comp = Computation("relayout", [compute((32, 8, 16), lambda k, p, q: x[p, q, k] * 2.0, "Y")])
+
+    def stores(unrolled):
+        sch = Schedule(naive_program(comp))
+        k = sch.split("Y.k", [-1, 16])
+        q = sch.split("Y.q", [-1, 8])
+        sch.reorder(k[0], "Y.p", q[0], q[1], k[1])
+        if unrolled:
+            sch.unroll(q[1])
+        sch.vectorize(k[1])
+        return model.breakdown(sch.program)["stores"]
+
+    assert stores(unrolled=True) < stores(unrolled=False) / 4

@@ -702,6 +702,26 @@ def test_vectorized_loop_with_strided_store_scatters_its_lanes():
     assert "scatter" in compile_program(prog).llvm_ir()
 
 
+def test_a_strided_vector_store_unrolled_along_its_rows_is_stored_as_transposed_runs():
+    # A channel-vector tile's write-back, Y[k, p, q] = X[p, q, k] with q unrolled 8 and k
+    # vectorized 16: 8 x 8 transposes of the 8 vectors and 16 runs of 8 columns, no scatter.
+    # 12 columns (not a power of two) keep the scatter.
+    x = te.placeholder((6, 16, 32), "X")
+    y = te.compute((32, 6, 16), lambda k, p, q: x[p, q, k] * 2.0, "Y")
+    comp = te.Computation("relayout", [y])
+    for cols, scatters in ((8, False), (12, True)):
+        sch = Schedule(naive_program(comp))
+        k = sch.split("Y.k", [-1, 16])
+        q = sch.split("Y.q", [-1, cols])
+        sch.reorder(k[0], "Y.p", q[0], q[1], k[1])
+        sch.unroll(q[1])
+        sch.vectorize(k[1])
+        text = str(lower(sch.program, "", "", register_lanes=16)[0])
+        assert ("scatter" in text) == scatters
+        assert ("store <8 x float>" in text) != scatters
+        assert_matches_reference(sch.program, seed=4)
+
+
 def test_strided_vector_accumulation_gathers_then_scatters():
     # C[i, j] += ... vectorized over i (stride 6 in C): each lane updates its own row.
     prog = retile(naive_program(matmul(16, 6, 5)), "C.update",

@@ -21,7 +21,7 @@ from .target import create_target_machine, host, target_machine
 # Which code generator made a kernel: raised whenever lowering changes the code a program
 # compiles to (its speed), so that a timing stored for the old code is not taken for the new one
 # (`codegen`, part of a measurement's lookup key).
-CODEGEN_VERSION = 3
+CODEGEN_VERSION = 4
 
 _cache: dict[tuple[object, ...], Kernel] = {}
 _cache_lock = threading.Lock()

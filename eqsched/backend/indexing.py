@@ -111,6 +111,17 @@ class Indexer:
             return self._runs(loop_indices, strides) or addr
         return addr
 
+    def coefficient(self, buffer: str, indices: tuple[Expr, ...], loop: str) -> int | None:
+        """How many elements apart an access is from one step of `loop` to the next (its
+        coefficient in the buffer's linearized address); None when the index is not affine."""
+        shape = self.prog.buffer(buffer).shape
+        strides = [prod(shape[d + 1:]) for d in range(len(shape))]
+        try:
+            flat = self._flat([self.loop_expr(ix) for ix in indices], strides)
+        except AffineError:
+            return None
+        return flat.coeff(loop)
+
     def _flat(self, indices: list[Expr], strides: list[int]) -> Affine:
         flat = Affine.of({})
         for ix, stride in zip(indices, strides):

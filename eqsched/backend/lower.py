@@ -16,6 +16,7 @@ See docs/ARCHITECTURE.md §7 Backend and target.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,8 +29,8 @@ from ..legality import loop_binding
 from .errors import BackendError
 from .indexing import Indexer, Lanes
 from .mathlib import F32, I32, MathEmitter, broadcast, declare, same_shape
+from .transpose import MIN_TILE, transposed, transposing_copy
 from .transpose import emit as emit_transposes
-from .transpose import transposing_copy
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
@@ -201,6 +202,8 @@ class _FunctionEmitter:
         if not self.ix.env and self._transposing_copy(
                 loop, (ir.Constant(I64, 0), ir.Constant(I64, loop.extent))):
             return
+        if loop.kind == LoopKind.UNROLL and self._transposed_stores(loop):
+            return
         full, reach = self._span(loop)
         if loop.kind == LoopKind.UNROLL:
             for value in range(reach):
@@ -234,6 +237,76 @@ class _FunctionEmitter:
             return False
         emit_transposes(self.b, self.fn, copy, self.ptrs[copy.src], self.ptrs[copy.dst], panels)
         return True
+
+    def _transposed_stores(self, loop: Loop) -> bool:
+        """Emit an unrolled loop whose copies store a strided vector each, contiguous along the
+        loop, as register transposes and runs: a local tile's write-back along output channels
+        (`Y[n, k, p, q] = Y.local[q, k]` under q unrolled 8 and k vectorized 16) becomes
+        8 x 8 transposes of its 8 vectors and 16 stores of 8 columns, where a scatter stores
+        each element on its own. The nest must be the unrolled loop (T steps, a power of two
+        from `MIN_TILE` to the vector's lanes), unrolled loops of one child each, a vector loop
+        and one plain block that does not read what it writes, with no step partial and no
+        point guarded; False (nothing emitted) otherwise."""
+        chain = [loop]
+        while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop) \
+                and chain[-1].body[0].kind == LoopKind.UNROLL:
+            chain.append(chain[-1].body[0])
+        inner = chain[-1].body
+        if len(inner) != 1 or not isinstance(inner[0], Loop) or inner[0].kind != LoopKind.VECTOR:
+            return False
+        vec = inner[0]
+        tile, lanes = loop.extent, vec.extent
+        if self.ix.vec is not None or self.tail is not None or self.unpartitioned \
+                or tile & (tile - 1) or not MIN_TILE <= tile <= lanes or lanes & (lanes - 1) \
+                or len(vec.body) != 1 or not isinstance(vec.body[0], Block):
+            return False
+        blk = vec.body[0]
+        if blk.reduce is not None or blk.buffer in {ld.buffer for ld in blk.reads()} \
+                or any(self._span(lp) != (lp.extent, lp.extent) for lp in (*chain, vec)):
+            return False
+        for lp in chain:
+            self.ix.enter(lp, 0)
+        self.ix.enter(vec, Lanes(0))
+        self.ix.bind(blk)
+        addr = self.ix.address(blk.buffer, blk.indices)
+        along = self.ix.coefficient(blk.buffer, blk.indices, loop.name)
+        clean = self._guard(blk) is True and addr.vector is None and addr.stride not in (0, 1) \
+            and along == 1
+        self.ix.leave(vec)
+        for lp in reversed(chain):
+            self.ix.leave(lp)
+        if not clean:
+            return False
+        stride = addr.stride
+        for outer in itertools.product(*(range(lp.extent) for lp in chain[1:])):
+            rows, base = [], None
+            for step in range(tile):
+                for lp, value in zip(chain, (step, *outer)):
+                    self.ix.enter(lp, value, (value, value))
+                self.ix.enter(vec, Lanes(0))
+                self.ix.bind(blk)
+                if step == 0:
+                    base = self.ix.address(blk.buffer, blk.indices).scalar
+                rows.append(self._widen(self._value(blk.value, None),
+                                        ir.VectorType(F32, lanes)))
+                self.ix.leave(vec)
+                for lp in reversed(chain):
+                    self.ix.leave(lp)
+            self._store_columns(blk.buffer, rows, base, stride)
+        return True
+
+    def _store_columns(self, buffer: str, rows: list[ir.Value], base: ir.Value,
+                       stride: int) -> None:
+        """Store `rows` (T vectors of L lanes; row t's lane l goes to base + t + l * stride)
+        as L runs of T elements: each T-lane piece of the rows transposed in registers."""
+        b, tile = self.b, len(rows)
+        lanes = rows[0].type.count
+        for first in range(0, lanes, tile):
+            piece = ir.Constant(ir.VectorType(I32, tile), list(range(first, first + tile)))
+            columns = transposed(b, [b.shuffle_vector(row, row, piece) for row in rows])
+            for lane, column in enumerate(columns, start=first):
+                at = b.add(base, ir.Constant(I64, lane * stride), flags=["nsw"])
+                b.store(column, self._gep(buffer, at)).align = 4
 
     def _tail(self, loop: Loop, full: int, reach: int,
               chunk: tuple[ir.Value, ir.Value] | None = None) -> None:

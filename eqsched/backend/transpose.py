@@ -133,7 +133,7 @@ def emit(b: ir.IRBuilder, fn: ir.Function, copy: TransposingCopy, src: ir.Value,
                 def tile(fb: ir.Value) -> None:
                     f0 = _mul(b, fb, t)
                     rows = [_load(b, src_at(p0, o, _add(b, f0, _c(i)), r0), t) for i in range(t)]
-                    for col, vec in enumerate(_transposed(b, rows)):
+                    for col, vec in enumerate(transposed(b, rows)):
                         store = b.store(vec, dst_at(p0, o, _add(b, r0, _c(col)), f0))
                         store.align = 4
                 _for(b, fn, _c(0), _c(f // t), "tile.f", tile)
@@ -150,7 +150,7 @@ def emit(b: ir.IRBuilder, fn: ir.Function, copy: TransposingCopy, src: ir.Value,
     _for(b, fn, panels[0], panels[1], "panel", panel)
 
 
-def _transposed(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+def transposed(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
     """The columns of a T x T tile given as T row vectors: log2 T rounds, each pairing row i
     with row i + T/2 and interleaving their low halves and their high halves (a perfect
     shuffle of the element's row and column bits; T rounds of it transpose)."""
