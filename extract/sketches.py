@@ -36,7 +36,7 @@ def blocked_sketches(naive: Program, facts: Facts, register_lanes: int
                      ) -> Iterator[tuple[Term, Sizes]]:
     """(term, sizes) of each blocked stage's tiles: `VECTORS_ACROSS` vectors of
     `register_lanes` along its blocked group times every column count the space allows
-    (a divisor of the row, or a remainder tile, up to the unrolling limit); the model ranks
+    (`_column_counts`); the model ranks
     them (spills included). Tiles the schedule or the encoding refuses are skipped."""
     for stage, group in sorted(blocked_groups(facts).items()):
         update = next((name for name, blk in facts.blocks.items()
@@ -57,7 +57,9 @@ def blocked_sketches(naive: Program, facts: Facts, register_lanes: int
 
 
 def _column_counts(extent: int) -> list[int]:
-    allowed = {d for d in range(2, extent) if extent % d == 0} | set(remainder_tiles(extent))
+    """The row's divisors from 2 (the whole row too: 7 columns of a late ResNet stage) and its
+    remainder tiles, up to the unrolling limit."""
+    allowed = {d for d in range(2, extent + 1) if extent % d == 0} | set(remainder_tiles(extent))
     return sorted(c for c in allowed if c <= MAX_UNROLL_EXTENT)
 
 

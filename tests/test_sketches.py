@@ -8,7 +8,7 @@ from eqsched.egraph.space import Space, build_space
 from eqsched.egraph.term import vector_lanes
 from eqsched.extract import EvolutionarySearch
 from eqsched.extract.analytic import AnalyticModel
-from eqsched.extract.sketches import blocked_sketches
+from eqsched.extract.sketches import _column_counts, blocked_sketches
 from eqsched.ir import LoopKind, Scope, naive_program
 from eqsched.reference import compare, random_inputs, reference, tolerance
 from eqsched.rules import default_rules
@@ -80,3 +80,9 @@ def test_an_avx2_register_makes_8_lane_sketches(conv_saturated):
     term, sizes = next(blocked_sketches(space.naive, space.facts, 8))
     assert space.contains(term, sizes)
     assert sizes[("Y.k", "3/4")] == 8  # the lanes of one 256-bit register
+
+
+def test_a_tile_takes_a_short_row_whole_or_a_piece_of_a_long_one():
+    assert 7 in _column_counts(7)  # a late ResNet stage's row, whole
+    assert {8, 14, 16} <= set(_column_counts(56)) and 56 not in _column_counts(56)
+    assert max(_column_counts(1000)) == 16  # the unrolling limit
