@@ -6,8 +6,8 @@ under the blocked group's anchor piece, its init there too, the tile's columns a
 piece of the output's row, the blocked group's innermost piece a register's lanes with an
 unrolled piece of vectors beside it, every reduce loop between the anchor and the columns,
 the input read along the blocked group packed in panels of a register's lanes.
-That is five or six choices made together; a uniform draw has them all rarely (one program in
-sixty of conv2d 56x56's first rounds had a vector loop along k at all), and a mutation changes
+That is five or six choices made together; a uniform draw has them all rarely (one program of
+64 in an exploration of conv2d 56x56 had a vector loop along k at all), and a mutation changes
 one at a time, each step alone predicted slower than the rows it starts from. MetaSchedule
 writes such sketches as rules; here they are built with the manual primitives from the naive
 program, one per register-tile shape, and join the first populations where the space has them.
@@ -24,7 +24,6 @@ from eqsched.egraph.encode import encode, naive_loop_groups
 from eqsched.egraph.facts import Facts
 from eqsched.egraph.term import MAX_UNROLL_EXTENT, Sizes, Term, remainder_tiles
 from eqsched.ir import Program
-from eqsched.legality import ScheduleError
 from eqsched.rules.analysis import blocked_groups, levels, tiled
 from eqsched.rules.pack import packable
 from eqsched.schedule import Schedule
@@ -35,9 +34,10 @@ VECTORS_ACROSS = (1, 2, 4)  # register vectors along the blocked group in one ti
 def blocked_sketches(naive: Program, facts: Facts, register_lanes: int
                      ) -> Iterator[tuple[Term, Sizes]]:
     """(term, sizes) of each blocked stage's tiles: `VECTORS_ACROSS` vectors of
-    `register_lanes` along its blocked group times every column count the space allows
-    (`_column_counts`); the model ranks
-    them (spills included). Tiles the schedule or the encoding refuses are skipped."""
+    `register_lanes` along its blocked group times every column count of its row
+    (`_column_counts`); the model ranks them (spills included). Tiles the schedule or the
+    encoding refuses (`ScheduleError`, `EncodeError`: both `ValueError`s) are skipped: a
+    sketch is a head start, and the search runs without it."""
     for stage, group in sorted(blocked_groups(facts).items()):
         update = next((name for name, blk in facts.blocks.items()
                        if blk.stage == stage and blk.reduce is not None), None)
@@ -52,7 +52,7 @@ def blocked_sketches(naive: Program, facts: Facts, register_lanes: int
                     prog = _tile(naive, facts, update, group, columns, vecs, register_lanes,
                                  cols)
                     yield encode(prog, facts)
-                except (ScheduleError, ValueError, KeyError):
+                except (ValueError, KeyError):  # KeyError: a loop not named as naive ones are
                     continue
 
 
