@@ -88,7 +88,7 @@ import numpy as np
 
 from eqsched.affine import AffineError
 from eqsched.backend.lower import body_copies, in_pieces, tail_pieces
-from eqsched.backend.transpose import MIN_TILE, TransposingCopy, transposing_copy
+from eqsched.backend.transpose import TransposingCopy, transposes_runs, transposing_copy
 from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest, walk
 from eqsched.legality import loop_binding
@@ -613,16 +613,15 @@ class _BlockCoster:
 
     def _transposed_run(self, store: _Access) -> int:
         """The columns T of a strided vector store the backend stores as transposed runs
-        (`lower._FunctionEmitter._transposed_stores`): an unrolled loop of T steps (a power of
-        two from `MIN_TILE` to the lanes), contiguous in the store, among the unrolled loops
-        right around the vector loop; 0 when there is none."""
+        (`lower._FunctionEmitter._transposed_stores`): an unrolled loop of T steps
+        (`transposes_runs`), contiguous in the store, among the unrolled loops right around the
+        vector loop; 0 when there is none."""
         strides = dict(store.strides)
         for d in range(self.vec - 1, -1, -1):
             lp = self.loops[d]
             if lp.kind != LoopKind.UNROLL:
                 break
-            if strides.get(d) == 1 and not lp.extent & (lp.extent - 1) \
-                    and MIN_TILE <= lp.extent <= self.lanes:
+            if strides.get(d) == 1 and transposes_runs(lp.extent, self.lanes):
                 return lp.extent
         return 0
 

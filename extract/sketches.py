@@ -104,8 +104,8 @@ def _tile(naive: Program, facts: Facts, update: str, group: str, columns: str, v
                  if b.stage == stage and b.reduce is None), None)
     if init is not None:
         sch.fuse(init, anchor)
-        fill = [lp.name for lp in sch.program.enclosing(init)
-                if lp.name not in {p for ps in pieces.values() for p in ps}]
+        own = {p for ps in pieces.values() for p in ps}  # the update's loops, around the init
+        fill = [lp.name for lp in sch.program.enclosing(init) if lp.name not in own]
         for name in fill[:-1]:
             sch.unroll(name)
         if fill:

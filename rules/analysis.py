@@ -93,12 +93,16 @@ def whole_registers(extent: int) -> bool:
     return extent % VECTOR_LANES[1] == 0
 
 
+# Rows that leave more than one lane in this many empty are worth vectorizing across.
+EMPTY_LANE_SHARE = 16
+
+
 def wastes_lanes(extent: int) -> bool:
     """Rows of this extent, covered by whole registers of the widest target's lanes, leave
-    more than one lane in 16 empty (56 of 64 do; 1000 of 1008 do not): enough to vectorize
-    along another axis that fills its registers."""
+    more than one lane in `EMPTY_LANE_SHARE` empty (56 of 64 do; 1000 of 1008 do not): enough
+    to vectorize along another axis that fills its registers."""
     padded = -(-extent // VECTOR_LANES[1]) * VECTOR_LANES[1]
-    return 16 * (padded - extent) > padded
+    return EMPTY_LANE_SHARE * (padded - extent) > padded
 
 
 def blocked_groups(facts: Facts) -> dict[str, str]:

@@ -29,8 +29,8 @@ from ..legality import loop_binding
 from .errors import BackendError
 from .indexing import Indexer, Lanes
 from .mathlib import F32, I32, MathEmitter, broadcast, declare, same_shape
-from .transpose import MIN_TILE, transposed, transposing_copy
 from .transpose import emit as emit_transposes
+from .transpose import transposed, transposes_runs, transposing_copy
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
@@ -243,9 +243,9 @@ class _FunctionEmitter:
         loop, as register transposes and runs: a local tile's write-back along output channels
         (`Y[n, k, p, q] = Y.local[q, k]` under q unrolled 8 and k vectorized 16) becomes
         8 x 8 transposes of its 8 vectors and 16 stores of 8 columns, where a scatter stores
-        each element on its own. The nest must be the unrolled loop (T steps, a power of two
-        from `MIN_TILE` to the vector's lanes), unrolled loops of one child each, a vector loop
-        and one plain block that does not read what it writes, with no step partial and no
+        each element on its own. The nest must be the unrolled loop (T steps over L lanes, as
+        `transposes_runs` allows), unrolled loops of one child each, a vector loop and one
+        plain block that does not read what it writes, with no step partial and no
         point guarded; False (nothing emitted) otherwise."""
         chain = [loop]
         while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop) \
@@ -257,7 +257,7 @@ class _FunctionEmitter:
         vec = inner[0]
         tile, lanes = loop.extent, vec.extent
         if self.ix.vec is not None or self.tail is not None or self.unpartitioned \
-                or tile & (tile - 1) or not MIN_TILE <= tile <= lanes or lanes & (lanes - 1) \
+                or not transposes_runs(tile, lanes) \
                 or len(vec.body) != 1 or not isinstance(vec.body[0], Block):
             return False
         blk = vec.body[0]
@@ -268,16 +268,15 @@ class _FunctionEmitter:
             self.ix.enter(lp, 0)
         self.ix.enter(vec, Lanes(0))
         self.ix.bind(blk)
-        addr = self.ix.address(blk.buffer, blk.indices)
+        # coefficients, not `address`: that would emit the address's code for nothing
+        stride = self.ix.coefficient(blk.buffer, blk.indices, vec.name)
         along = self.ix.coefficient(blk.buffer, blk.indices, loop.name)
-        clean = self._guard(blk) is True and addr.vector is None and addr.stride not in (0, 1) \
-            and along == 1
+        clean = self._guard(blk) is True and stride not in (None, 0, 1) and along == 1
         self.ix.leave(vec)
         for lp in reversed(chain):
             self.ix.leave(lp)
         if not clean:
             return False
-        stride = addr.stride
         for outer in itertools.product(*(range(lp.extent) for lp in chain[1:])):
             rows, base = [], None
             for step in range(tile):

@@ -150,6 +150,14 @@ def emit(b: ir.IRBuilder, fn: ir.Function, copy: TransposingCopy, src: ir.Value,
     _for(b, fn, panels[0], panels[1], "panel", panel)
 
 
+def transposes_runs(columns: int, lanes: int) -> bool:
+    """Whether a strided store of `lanes`-lane vectors, contiguous along an unrolled loop of
+    `columns` steps, is stored as transposed runs (`lower`, and the model's cost of it):
+    both powers of two, the columns from `MIN_TILE` to the lanes."""
+    return not columns & (columns - 1) and not lanes & (lanes - 1) \
+        and MIN_TILE <= columns <= lanes
+
+
 def transposed(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
     """The columns of a T x T tile given as T row vectors: log2 T rounds, each pairing row i
     with row i + T/2 and interleaving their low halves and their high halves (a perfect
