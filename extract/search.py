@@ -67,6 +67,7 @@ from eqsched.egraph.term import (
     Term,
     pack_symbol,
     show,
+    split_path,
     symbols,
     walk,
 )
@@ -508,38 +509,60 @@ class EvolutionarySearch:
 
     def vectorized(self, cand: Candidate) -> Candidate | None:
         """The candidate with the innermost loop around each root nest's reduction made a
-        vector loop, and in each root nest of one elementwise block the innermost loop over
-        its store's unit-stride dimension moved innermost and made one, where the space has
-        that program: the vector piece resized to a vector width (the widest the space
-        allows), the other pieces of its group kept as far as the extent allows; None when no
-        nest changes. MetaSchedule's ParallelizeVectorizeUnroll vectorizes every sketch's
-        innermost spatial loop; in a uniform draw a vector loop is a rare choice (few sizes
-        fit one), and a register tile found without one ranks below programs whose rows are
-        vectors until a mutation hits both at once. An elementwise nest left after its
-        reduction (a GELU after a matmul whose tile it could not join) needs a reorder as
-        well: its loops follow the reduction's tile, whose unit-stride piece is rarely
-        innermost."""
+        vector loop, and in each nest of single loops around one elementwise block, at the
+        root or fused under another stage's loops, the innermost loop over its store's
+        unit-stride dimension moved innermost and made one, where the space has that program:
+        the vector piece resized to a vector width (the widest the space allows), the other
+        pieces of its group kept as far as the extent allows; None when no nest changes.
+        MetaSchedule's ParallelizeVectorizeUnroll vectorizes every sketch's innermost spatial
+        loop; in a uniform draw a vector loop is a rare choice (few sizes fit one), and a
+        register tile found without one ranks below programs whose rows are vectors until a
+        mutation hits both at once. An elementwise nest left after its reduction (a GELU after
+        a matmul whose tile it could not join) needs a reorder as well: its loops follow the
+        reduction's tile, whose unit-stride piece is rarely innermost. A residual add fused
+        under a convolution's outermost loop loops over whole rows (56 points, no vector
+        width): its row is split in two, the inner piece a vector."""
         term, sizes = cand.term, dict(cand.sizes)
         for index, stmt in enumerate(term.body):
             loop = _innermost_reduction_loop(stmt, self.space.facts)
-            if loop is not None:
-                vector = dataclasses.replace(loop, kind=LoopKind.VECTOR.value)
-                nest = _replaced(stmt, loop, vector)
-            else:
-                moved = _unit_stride_innermost(stmt, self.space.facts)
-                if moved is None:
-                    continue
-                nest, loop = moved
-            if loop.kind == LoopKind.VECTOR.value:
+            if loop is None or loop.kind == LoopKind.VECTOR.value:
                 continue
-            body = term.body[:index] + (nest,) + term.body[index + 1:]
-            trial = dataclasses.replace(term, body=body)
+            vector = dataclasses.replace(loop, kind=LoopKind.VECTOR.value)
+            trial = dataclasses.replace(term, body=term.body[:index] + (
+                _replaced(stmt, loop, vector),) + term.body[index + 1:])
             new_sizes = self._vector_sized(trial, loop, sizes)
             if new_sizes is not None and self.space.contains(trial, new_sizes):
                 term, sizes = trial, new_sizes
+        for index in range(len(term.body)):
+            tried: set[str] = set()
+            while (found := self._elementwise_vectorized(term, index, sizes, tried)) is not None:
+                term, sizes = found
         if term is cand.term:
             return None
         return self._grow(self.space.picks_for(term), _assignment(sizes))
+
+    def _elementwise_vectorized(self, term: Term, index: int, sizes: Sizes, tried: set[str]
+                                ) -> tuple[Term, Sizes] | None:
+        """`term` and `sizes` with the first elementwise nest of statement `index` whose block
+        is not in `tried` vectorized along its store's unit stride (`_unit_stride_vector`), where
+        the space has that program; None when no nest of the statement is left to try. Each
+        block is tried once."""
+        stmt = term.body[index]
+        for head in _elementwise_nests(stmt, self.space.facts):
+            block = _loop_chain(head)[1].name
+            if block in tried:
+                continue
+            tried.add(block)
+            moved = _unit_stride_vector(head, self.space.facts, term)
+            if moved is None:
+                continue
+            nest, loop = moved
+            trial = dataclasses.replace(term, body=term.body[:index] + (
+                _replaced(stmt, head, nest),) + term.body[index + 1:])
+            new_sizes = self._vector_sized(trial, loop, sizes)
+            if new_sizes is not None and self.space.contains(trial, new_sizes):
+                return trial, new_sizes
+        return None
 
     def _vector_sized(self, term: Term, loop: PieceLoop, sizes: Sizes) -> Sizes | None:
         """`sizes` with `loop`'s piece a vector width in `term`: of the space's options for its
@@ -1041,21 +1064,52 @@ def _innermost_reduction_loop(stmt: Stmt, facts: Facts, over_reduce: bool = Fals
     return found
 
 
-def _unit_stride_innermost(stmt: Stmt, facts: Facts) -> tuple[Stmt, PieceLoop] | None:
-    """A root nest of single loops around one elementwise block, with the innermost of its
-    loops over the block's unit-stride store dimension moved innermost (the loop, as it
-    was; the space keeps a split's pieces in order, so that is the finest piece, whose steps
-    are one element); None for any other statement, or a block without such a loop."""
-    chain = _loop_chain(stmt)
-    if chain is None or facts.reduce_groups.get(chain[1].name):
-        return None
-    loops, block = chain
+def _elementwise_nests(stmt: Stmt, facts: Facts) -> Iterator[PieceLoop]:
+    """The outermost loops of the nests of single loops around one elementwise block in a root
+    statement: the statement itself, or such a nest fused under its loops, in walk order."""
+    for node, _ in walk((stmt,)):
+        chain = _loop_chain(node)
+        if chain is not None and chain[0] and not facts.reduce_groups.get(chain[1].name) \
+                and (node is stmt or not _single_parent(stmt, node)):
+            yield node
+
+
+def _single_parent(stmt: Stmt, node: Stmt) -> bool:
+    """Is `node` the only statement of the loop around it (part of a longer chain)?"""
+    path = _path_to(stmt, node)
+    return path is not None and len(path) > 1 and len(path[-2].body) == 1
+
+
+def _unit_stride_vector(head: PieceLoop, facts: Facts, term: Term
+                        ) -> tuple[Stmt, PieceLoop] | None:
+    """The nest of single loops `head` (in `term`) around one elementwise block with the
+    innermost of its loops over the block's unit-stride store dimension moved innermost as a
+    vector loop (the space keeps a split's pieces in order, so that is the finest piece, whose
+    steps are one element). A whole loop there is split first as `term` splits its group
+    elsewhere (a group's extent is split one way in a program), or else in two; the outer pieces
+    take its place, the finest is the vector (the space sizes it). Returns the new nest and the
+    loop that became the vector (whose piece `_vector_sized` resizes); None when the nest has
+    no loop over that dimension or already ends in a vector loop."""
+    loops, block = _loop_chain(head)
     group = facts.store_inner_group.get(block.name)
     inner = next((lp for lp in reversed(loops) if lp.group == group), None)
-    if inner is None:
+    if inner is None or loops[-1].kind == LoopKind.VECTOR.value:
         return None
-    return _nest([lp for lp in loops if lp is not inner]
-                 + [dataclasses.replace(inner, kind=LoopKind.VECTOR.value)], (block,)), inner
+    pieces = [inner.path] if inner.path else _finest_pieces(term, group) or [
+        split_path("", 0, 2), split_path("", 1, 2)]
+    split = [dataclasses.replace(inner, path=path, kind=LoopKind.SERIAL.value)
+             for path in pieces]
+    vector = dataclasses.replace(split[-1], kind=LoopKind.VECTOR.value)
+    kept = [piece for lp in loops for piece in (split[:-1] if lp is inner else [lp])]
+    return _nest([*kept, vector], (block,)), vector
+
+
+def _finest_pieces(term: Term, group: str) -> list[str]:
+    """The pieces of `group` that `term` splits no further, outer to inner; [] when it loops
+    over the group whole only."""
+    paths = {s.path for s, _ in walk(term.body) if isinstance(s, PieceLoop) and s.group == group}
+    finest = [p for p in paths if p and not any(q.startswith(p + ".") for q in paths)]
+    return sorted(finest, key=lambda p: [int(step.split("/")[0]) for step in p.split(".")])
 
 
 def _tile_columns(stmt: Stmt, facts: Facts, sizes: Sizes) -> tuple[str, str, int] | None:

@@ -19,7 +19,6 @@ from eqsched.extract import Candidate, CostModel, EvolutionarySearch, get_cost_m
 from eqsched.extract.analytic import AnalyticModel
 from eqsched.extract.search import (
     TWINS_MEASURED,
-    _block_names,
     _splits_exactly,
     _with_every_sketch,
     unrolled_copies,
@@ -644,10 +643,6 @@ def _vector_around(cand, block):
     return [lp for lp in prog.enclosing(block) if lp.kind == LoopKind.VECTOR]
 
 
-def _root_holding(term, block):
-    return next(s for s in term.body if block in _block_names(s))
-
-
 def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space):
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=4)
     made = 0
@@ -659,10 +654,11 @@ def test_a_vector_twin_vectorizes_the_innermost_loop_around_the_reduction(space)
         if twin is None:
             continue
         assert space.contains(twin.term, twin.sizes)
-        if _root_holding(twin.term, "C.update") == _root_holding(cand.term, "C.update"):
-            continue  # no vector loop fits there: the twin vectorized the init's nest alone
         vector = _vector_around(twin, "C.update")
-        assert vector and vector[0] is twin.program.enclosing("C.update")[-1]
+        if not vector:  # no vector loop fits there: the twin vectorized the init's nest alone
+            assert _vector_around(twin, "C.init") and not _vector_around(cand, "C.init")
+            continue
+        assert vector[0] is twin.program.enclosing("C.update")[-1]
         assert vector[0].extent in space.vector_lanes
         if made < 3:
             _runs_right_on_two_threads(twin, space)
@@ -692,6 +688,35 @@ def test_a_vector_twin_vectorizes_an_elementwise_nest_along_its_unit_stride_stor
         assert innermost.kind == LoopKind.VECTOR
         assert innermost.name == max(pieces, key=lambda n: [int(p) for p in n.split(".")[2:]])
         assert innermost.extent in space.vector_lanes
+        if made < 3:
+            _runs_right_on_two_threads(twin, space)
+        made += 1
+    assert made >= 3
+
+
+def test_a_vector_twin_vectorizes_an_elementwise_nest_fused_under_the_reduction_nest():
+    # A ReLU fused under the matmul's outer loop (a residual add under a convolution's) loops
+    # over whole rows of 24, no vector width: the twin splits the row in two, the inner piece
+    # the vector, and leaves the nest where it was.
+    space = build_space(scaled_relu_matmul(8, 24, 8), default_rules())
+    search = EvolutionarySearch(space, FewestScalarIterations(), seed=3)
+
+    def fused_e_alone(prog):
+        return [n for n in prog.body if isinstance(n, Loop)
+                and {"E", "C.update"} <= {b.name for b in _blocks_under(n)}]
+
+    def twin_of_a_scalar_fused_e(cand):
+        if not fused_e_alone(cand.program) or _vector_around(cand, "E"):
+            return []
+        twin = search.vectorized(cand)
+        return [] if twin is None or not _vector_around(twin, "E") else [twin]
+
+    made = 0
+    for _, (twin,) in _drawn_with_twins(search, twin_of_a_scalar_fused_e, draws=400):
+        assert fused_e_alone(twin.program)
+        loops = twin.program.enclosing("E")
+        assert loops[-1].kind == LoopKind.VECTOR and loops[-1].name.startswith("E.j")
+        assert loops[-1].extent in space.vector_lanes
         if made < 3:
             _runs_right_on_two_threads(twin, space)
         made += 1
