@@ -521,7 +521,7 @@ class EvolutionarySearch:
         a matmul whose tile it could not join) needs a reorder as well: its loops follow the
         reduction's tile, whose unit-stride piece is rarely innermost. A residual add fused
         under a convolution's outermost loop loops over whole rows (56 points, no vector
-        width): its row is split in two, the inner piece a vector."""
+        width): its row is split as the convolution splits it, the finest piece a vector."""
         term, sizes = cand.term, dict(cand.sizes)
         for index, stmt in enumerate(term.body):
             loop = _innermost_reduction_loop(stmt, self.space.facts)
