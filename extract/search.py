@@ -1067,17 +1067,19 @@ def _innermost_reduction_loop(stmt: Stmt, facts: Facts, over_reduce: bool = Fals
 def _elementwise_nests(stmt: Stmt, facts: Facts) -> Iterator[PieceLoop]:
     """The outermost loops of the nests of single loops around one elementwise block in a root
     statement: the statement itself, or such a nest fused under its loops, in walk order."""
-    for node, _ in walk((stmt,)):
+
+    def visit(node: Stmt, alone: bool) -> Iterator[PieceLoop]:
+        # alone: the only statement of the loop around it, so inside a longer chain
         chain = _loop_chain(node)
-        if chain is not None and chain[0] and not facts.reduce_groups.get(chain[1].name) \
-                and (node is stmt or not _single_parent(stmt, node)):
-            yield node
+        if chain is not None:
+            if chain[0] and not alone and not facts.reduce_groups.get(chain[1].name):
+                yield node
+            return
+        body = getattr(node, "body", ())
+        for child in body:
+            yield from visit(child, len(body) == 1)
 
-
-def _single_parent(stmt: Stmt, node: Stmt) -> bool:
-    """Is `node` the only statement of the loop around it (part of a longer chain)?"""
-    path = _path_to(stmt, node)
-    return path is not None and len(path) > 1 and len(path[-2].body) == 1
+    yield from visit(stmt, False)
 
 
 def _unit_stride_vector(head: PieceLoop, facts: Facts, term: Term

@@ -696,8 +696,8 @@ def test_a_vector_twin_vectorizes_an_elementwise_nest_along_its_unit_stride_stor
 
 def test_a_vector_twin_vectorizes_an_elementwise_nest_fused_under_the_reduction_nest():
     # A ReLU fused under the matmul's outer loop (a residual add under a convolution's) loops
-    # over whole rows of 24, no vector width: the twin splits the row in two, the inner piece
-    # the vector, and leaves the nest where it was.
+    # over whole rows of 24, no vector width: the twin splits the row (as the matmul splits j,
+    # or in two), its finest piece the vector, and leaves the nest where it was.
     space = build_space(scaled_relu_matmul(8, 24, 8), default_rules())
     search = EvolutionarySearch(space, FewestScalarIterations(), seed=3)
 
