@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
 import sys
 import tempfile
@@ -39,15 +38,6 @@ from eqsched.task_scheduler import EARLY_STOPPING
 MODELS = {"mlp": {}, "mlp-64": {"batch": 64}, "bert_layer": {}, "resnet_block": {}}
 BAR_MODELS, BAR = ("bert_layer", "resnet_block"), 1.0
 SCHEDULERS = ["gradient", "round-robin"]
-
-
-def _threads_for_libraries(threads: int) -> None:
-    """Must run before numpy is imported. OpenBLAS's threads spin after each call for about
-    2^28 cycles by default, on the cores the program timed next in a round needs; 2^20 is about
-    as long as eqsched's own team spins (`backend.team.SPIN_TICKS`)."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = "20"
 
 
 def onnxruntime_run(model, threads: int, inputs: dict):
@@ -189,15 +179,17 @@ def main() -> None:
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from portability import threads_for_libraries  # imports no numpy
+
     names = args.only or list(MODELS)
     if args.part:  # one thread count in a child, its BLAS and OpenMP set before numpy loads
         threads = int(args.part)
-        _threads_for_libraries(threads)
+        threads_for_libraries(threads)
         rows = [part_model(n, threads, args.trials, args.seed, args.repeats) for n in names]
         print(json.dumps(rows))
         return
     if args.schedulers is not None or args.retime:
-        _threads_for_libraries(1)
+        threads_for_libraries(1)
         rows = []
         for n in names:
             with tempfile.TemporaryDirectory() as tmp:

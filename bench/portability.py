@@ -74,10 +74,14 @@ ORT_BAR, THREADS_BAR = 0.9, 1.8
 EQUAL_PEAKS = 0.9
 
 
-def _single_thread_libraries() -> None:
-    """Must run before numpy is imported: one BLAS / OpenMP thread."""
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    os.environ["OMP_NUM_THREADS"] = "1"
+def threads_for_libraries(threads: int) -> None:
+    """Must run before numpy is imported: `threads` BLAS / OpenMP threads. OpenBLAS's threads
+    spin after each call for about 2^28 cycles by default, on the cores the program timed next
+    in a round needs; 2^20 is about as long as eqsched's own team spins
+    (`backend.team.SPIN_TICKS`)."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = "20"
 
 
 def session_options(threads: int):
@@ -503,7 +507,7 @@ def main() -> None:
     if args.replay:
         common += ["--replay", str(args.replay.resolve())]
     if args.part:
-        _single_thread_libraries()
+        threads_for_libraries(1)
         if args.part == "threads":
             rows = part_threads([c for c in cases if c in THREAD_CASES], args.trials, args.seed,
                                 args.repeats, args.replay)

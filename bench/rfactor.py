@@ -14,7 +14,6 @@ parallel loop over partials. Each exploration gets a fresh database and the same
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -33,9 +32,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
-    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    from portability import aligned_inputs, check, kernel_run, threads_for_libraries, timed
 
-    from portability import aligned_inputs, check, kernel_run, timed
+    threads_for_libraries(args.threads)  # before numpy is imported
 
     from eqsched.explore import explore
     from eqsched.ir import naive_program
