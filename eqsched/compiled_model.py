@@ -19,7 +19,10 @@ a tuned task's best record is never slower than it.
 Buffers: weights are bound once (aligned copies); each input, and each value computed by one
 task and read by another, gets an aligned buffer at construction, and a buffer whose value has no
 reader left is reused by a later value that fits in it (never by an output of the task reading
-it: kernels' pointers are `noalias`). Model outputs get buffers of their own. Every kernel call is
+it: kernels' pointers are `noalias`). Model outputs get buffers of their own, and so does a
+value the tasks store padded (`Occurrence.borders`): its buffer is zeroed here, its producer's
+program is moved inside the border (`ir.embedded`, compiled once per set of borders) and its
+readers, convolutions without padding of their own, read it whole. Every kernel call is
 bound to its buffers once, in a `backend.chain.Chain`: a model call runs the whole model by one
 native call (on one thread; a parallel loop split among threads adds its own), reading each
 large input where the caller keeps it (copied into the input's own buffer when it does not
@@ -56,10 +59,10 @@ from .backend.chain import Chain
 from .db import Database, Record
 from .default_schedule import default_schedule
 from .explore import computation_key
-from .ir import Program, naive_program
+from .ir import Program, embedded, naive_program
 from .model.graph import Model
 from .model.op import ModelError, f32
-from .model.tasks import ModelTask, extract_tasks
+from .model.tasks import Border, ModelTask, Occurrence, extract_tasks
 from .reference import compare
 from .schedule import Schedule
 from .te import Computation
@@ -145,6 +148,7 @@ class CompiledModel:
         # tuned; the chain is bound to these, and a call passes its own arrays in their place.
         self._inputs = {k: aligned_empty(s) for k, s in model.inputs.items()}
         self._buffers: list[np.ndarray] = []  # every planned buffer, once
+        self._call_tasks: list[str] = []  # the task of each call, in running order
         self._calls, self._outputs = self._plan()  # kernel calls in running order, with arrays
         # The weights are copies of the model's own, which no call writes: what a kernel makes
         # of them (a packed weight, `Program.preparation`) is made once, here, as onnxruntime
@@ -183,16 +187,21 @@ class CompiledModel:
         calls = []
         for k, (occ, task) in enumerate(steps):
             for value in occ.outputs.values():
-                size = max(math.prod(self.model.shape(value)), 1)
-                fits = [] if value in self.model.outputs else [
+                border = occ.borders.get(value)
+                size = max(math.prod(_bordered(self.model.shape(value), border)), 1)
+                # A bordered value's buffer is its own: zeroed here, its border never written.
+                fits = [] if value in self.model.outputs or border else [
                     j for j, b in enumerate(free) if b.size >= size]
                 if fits:
                     buffer = free.pop(min(fits, key=lambda j: free[j].size))
                 else:
                     buffer = aligned_empty((size,))
+                    if border:
+                        buffer[:] = 0.0
                     self._buffers.append(buffer)
                 owner[value], planned[value] = buffer, buffer[:size]
-            kern = self.kernels[task.name].kernel
+            kern = self._kernel_at(task, occ)
+            self._call_tasks.append(task.name)
             names = {**occ.inputs, **occ.outputs}
             arrays = []
             for buf in (*kern.program.inputs, *kern.program.outputs):
@@ -203,10 +212,22 @@ class CompiledModel:
             calls.append((kern, arrays))
             for value in set(occ.inputs.values()):
                 if (last_read.get(value) == k and value in planned
-                        and value not in self.model.outputs):
+                        and value not in self.model.outputs and value not in occ.borders):
                     free.append(owner[value])
         return calls, {o: planned[o].reshape(self.model.shape(o))
                        for o in self.model.outputs if o in planned}
+
+    def _kernel_at(self, task: ModelTask, occ: Occurrence) -> Kernel:
+        """The task's kernel as this occurrence calls it: writing each bordered output inside
+        its border (`ir.embedded`; compiled once per distinct set of borders)."""
+        compiled = self.kernels[task.name]
+        program = compiled.program
+        for name, value in occ.outputs.items():
+            if value in occ.borders:
+                program = embedded(program, name, occ.borders[value])
+        if program is compiled.program:
+            return compiled.kernel
+        return compile_program(program, self.options)
 
     @property
     def buffer_bytes(self) -> int:
@@ -324,12 +345,18 @@ class CompiledModel:
         self._chain(*(self._inputs[k] for k in self._in_place),
                     *(self._outputs[k] for k in self._out_in_place))
         medians: dict[str, float] = {}
-        for name, compiled in self.kernels.items():
-            arrays = next(a for kernel, a in self._calls if kernel is compiled.kernel)
+        for name in self.kernels:
+            kernel, arrays = self._calls[self._call_tasks.index(name)]
             # One native call, as the model calls it (its preparation done, here, once).
-            alone = Chain([(compiled.kernel, arrays)], prepared=True)
+            alone = Chain([(kernel, arrays)], prepared=True)
             medians[name] = _median_seconds(alone, repeats, warmup)
         return medians
+
+
+def _bordered(shape: tuple[int, ...], border: Border | None) -> tuple[int, ...]:
+    if not border:
+        return shape
+    return tuple(d + before + after for d, (before, after) in zip(shape, border))
 
 
 def _median_seconds(call: Callable[[], object], repeats: int, warmup: int) -> float:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from .expr import Const, Expr, Load, Var, to_str
+from .expr import Const, Expr, Load, Var, to_str, transform
 from .te import Axis, Computation
 
 
@@ -340,6 +340,38 @@ def map_nodes(nodes: tuple[Node, ...],
         else:
             out.append(r)
     return tuple(out)
+
+
+def embedded(prog: Program, buffer: str, border: tuple[tuple[int, int], ...]) -> Program:
+    """The program writing and reading `buffer` inside a larger one: `border` gives, per
+    dimension, the elements (before, after) around it, and every index into it is moved by the
+    `before`s. What lies in the border is never touched, so a caller that zeroes it once has the
+    value stored already padded for a convolution that reads it (`model.tasks`)."""
+    shape = prog.buffer(buffer).shape
+    if len(border) != len(shape) or min((n for pair in border for n in pair), default=0) < 0:
+        raise ValueError(f"a border of {buffer}{list(shape)} needs one non-negative (before, "
+                         f"after) per dimension, got {border}")
+
+    def moved(indices: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        return tuple(i + before if before else i for i, (before, _) in zip(indices, border))
+
+    def load(e: Expr) -> Expr | None:
+        return Load(buffer, moved(e.indices)) if isinstance(e, Load) and e.buffer == buffer \
+            else None
+
+    def node(n: Node) -> Node | None:
+        if type(n) is not Block:
+            return None
+        value = transform(n.value, load)
+        if n.buffer != buffer and value is n.value:
+            return None
+        return replace(n, value=value,
+                       indices=moved(n.indices) if n.buffer == buffer else n.indices)
+
+    buffers = tuple(replace(b, shape=tuple(d + before + after for d, (before, after)
+                                           in zip(b.shape, border)))
+                    if b.name == buffer else b for b in prog.buffers)
+    return prog.with_body(map_nodes(prog.body, node), buffers)
 
 
 def _changed(new: tuple[Node, ...], old: tuple[Node, ...]) -> bool:

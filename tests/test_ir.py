@@ -1,9 +1,12 @@
 """Loop-program IR: naive lowering, structural names, printing, hashing."""
 
+import numpy as np
 import pytest
 
+from eqsched.backend import CompileOptions, compile_program
 from eqsched.expr import exp
-from eqsched.ir import Binding, Block, Loop, LoopKind, Scope, naive_program, walk
+from eqsched.interp import run_program
+from eqsched.ir import Binding, Block, Loop, LoopKind, Scope, embedded, naive_program, walk
 from eqsched.schedule import Schedule
 from eqsched.te import Computation, WorkloadError, compute, placeholder, reduce_axis, sum_
 
@@ -122,3 +125,45 @@ def test_only_nests_that_read_constants_alone_and_own_their_buffer_are_preparati
 def test_a_constant_must_be_an_input():
     with pytest.raises(WorkloadError, match="constant 'C' is not an input of mm"):
         weighted_matmul(("C",))
+
+
+def _scheduled_mm_exp():
+    """mm_exp with its nests split and vectorized, so moved indices meet split bindings."""
+    s = Schedule(naive_program(mm_exp()))
+    s.split("C.j", [2, 4])
+    s.reorder("C.k", "C.j.1")
+    s.vectorize("C.j.1")
+    s.split("D.j", [2, 4])
+    s.vectorize("D.j.1")
+    return s.program
+
+
+@pytest.mark.parametrize("buffer", ["D", "C"])  # an output, and an intermediate read again
+def test_an_embedded_buffer_is_written_and_read_inside_its_border_only(buffer):
+    prog = _scheduled_mm_exp()
+    border = ((1, 2), (3, 0))
+    moved = embedded(prog, buffer, border)
+    assert moved.buffer(buffer).shape == (4 + 3, 8 + 3)
+    rng = np.random.default_rng(0)
+    inputs = {"A": rng.standard_normal((4, 16)), "B": rng.standard_normal((16, 8))}
+    want = run_program(prog, inputs)["D"]
+    if buffer == "D":
+        got = run_program(moved, inputs)["D"]  # the interpreter starts it as NaN
+        np.testing.assert_allclose(got[1:5, 3:], want, rtol=1e-12)
+        inside = np.zeros(got.shape, bool)
+        inside[1:5, 3:] = True
+        assert np.isnan(got[~inside]).all()  # never written
+        out = np.full(got.shape, -7.0, np.float32)  # the compiled kernel, into a caller's buffer
+        kernel = compile_program(moved, CompileOptions(threads=1))
+        kernel(*(inputs[k].astype(np.float32) for k in ("A", "B")), out)
+        np.testing.assert_allclose(out[1:5, 3:], want, rtol=1e-5)
+        assert (out[~inside] == -7.0).all()
+    else:
+        np.testing.assert_allclose(run_program(moved, inputs)["D"], want, rtol=1e-12)
+
+
+def test_a_border_names_every_dimension_of_its_buffer():
+    with pytest.raises(ValueError, match="one non-negative"):
+        embedded(_scheduled_mm_exp(), "D", ((1, 1),))
+    with pytest.raises(ValueError, match="one non-negative"):
+        embedded(_scheduled_mm_exp(), "D", ((1, 1), (-1, 0)))

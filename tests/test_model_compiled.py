@@ -296,3 +296,45 @@ def test_a_stored_program_that_packs_a_weight_packs_each_occurrence_s_weight_onc
         np.testing.assert_allclose(outputs[f"y{n}"], inputs["x"] @ model.weights[f"w{n}"],
                                    rtol=1e-5, atol=1e-5)
     assert compiled.time_tasks(repeats=1)[projection.name] > 0
+
+
+def test_a_chain_of_convolutions_reads_values_stored_padded_by_their_producers(tmp_path):
+    b = ModelBuilder("conv_chain")
+    rng = np.random.default_rng(0)
+    h = b.input("x", (1, 3, 9, 9))
+    for k, (pads, strides) in enumerate([((1, 1, 1, 1), (1, 1)), ((0, 1, 2, 1), (2, 1)),
+                                         ((1, 1, 1, 1), (1, 1)), ((2, 0, 1, 1), (1, 2))]):
+        w = b.weight(f"w{k}", rng.standard_normal((3, 3, 3, 3)))
+        h = b.relu(b.conv(h, w, pads=pads, strides=strides, name=f"c{k}"), name=f"r{k}")
+    model = b.build(h)
+    tasks = extract_tasks(model)
+    assert sum(len(o.borders) for t in tasks for o in t.occurrences) == 6  # r0, r1, r2 twice
+    # The first task tuned: its stored program is moved inside the border where it runs.
+    first = tasks[0]
+    settings = Settings(threads=1, repeats=2, min_repeats=1, time_budget_s=0.05)
+    assert _tune(first.computation, tmp_path / "chain.db", 2, settings) == 2
+    for db in (None, tmp_path / "chain.db"):
+        compiled = CompiledModel(model, db=db, options=ONE_THREAD)
+        assert compiled.kernels[first.name].source == ("default" if db is None else "database")
+        for seed in (1, 2):  # the borders stay zero from one call to the next
+            verdict = compiled.check(seed=seed)
+            assert verdict.correct, verdict.message
+        assert set(compiled.time_tasks(repeats=1)) == {t.name for t in tasks}
+        verdict = compiled.check(seed=3)
+        assert verdict.correct, verdict.message
+
+
+def test_a_value_padded_alike_by_two_convolutions_is_stored_padded_once():
+    b = ModelBuilder("two_convolutions")
+    rng = np.random.default_rng(1)
+    x = b.input("x", (1, 2, 6, 6))
+    h = b.relu(b.conv(x, b.weight("w0", rng.standard_normal((2, 2, 3, 3))), name="c0"),
+               name="h")
+    y = b.add(b.conv(h, b.weight("w1", rng.standard_normal((2, 2, 3, 3))), pads=(1, 1, 1, 1),
+                     name="c1"),
+              b.conv(h, b.weight("w2", rng.standard_normal((2, 2, 3, 3))), pads=(1, 1, 1, 1),
+                     name="c2"), name="y")
+    compiled = CompiledModel(b.build(y), options=ONE_THREAD)
+    assert sum(bool(o.borders) for t in compiled.tasks for o in t.occurrences) == 3
+    verdict = compiled.check(seed=2)
+    assert verdict.correct, verdict.message

@@ -72,6 +72,50 @@ def test_the_resnet_block_s_convolutions_differ_by_their_epilogues():
     assert tasks[1].occurrences[0].inputs["in4"] == "x"  # the residual
 
 
+def test_a_value_only_convolutions_read_is_stored_padded_and_they_do_not_pad_it():
+    model = get_model("resnet_block", **SMALL_RESNET)
+    first, second = extract_tasks(model)
+    border = ((0, 0), (0, 0), (1, 1), (1, 1))
+    assert first.occurrences[0].borders == {"relu1": border}  # it writes inside the border
+    assert second.occurrences[0].borders == {"relu1": border}  # it reads the whole
+    assert second.computation.shapes["in0"] == (1, 4, 8, 8)
+    pads = [[s.name for s in t.computation.stages if s.name.endswith("__pad")]
+            for t in (first, second)]
+    assert pads == [["t0__pad"], []]  # the block's input is the caller's: padded in the task
+    unpadded = extract_tasks(model, padded_storage=False)
+    assert [t.key for t in unpadded][0] == first.key and unpadded[1].key != second.key
+    assert all(not o.borders for t in unpadded for o in t.occurrences)
+
+
+def _two_readers(second_reader: str, pads=(1, 1, 1, 1)):
+    b = ModelBuilder("two_readers")
+    x = b.input("x", (1, 2, 5, 5))
+    w = b.weight("w", np.ones((2, 2, 3, 3)))
+    h = b.relu(b.conv(x, w, name="c0"), name="h")
+    if second_reader == "conv":
+        return b.build(b.add(b.conv(h, w, pads=(1, 1, 1, 1), name="c1"),
+                             b.conv(h, w, pads=pads, name="c2"), name="y"))
+    if second_reader == "add":
+        return b.build(b.add(b.conv(h, w, pads=(1, 1, 1, 1), name="c1"), h, name="y"))
+    return b.build(b.conv(h, w, pads=(1, 1, 1, 1), name="c1"), h)  # h: an output as well
+
+
+@pytest.mark.parametrize("model,bordered", [
+    (_two_readers("conv"), {"h"}),                         # two convolutions padding alike
+    (_two_readers("conv", pads=(0, 1, 0, 1)), set()),      # padding otherwise
+    (_two_readers("add"), set()),                          # read as it is, too
+    (_two_readers("output"), set()),                       # the caller's array
+])
+def test_a_value_is_stored_padded_only_when_every_reader_pads_it_alike(model, bordered):
+    tasks = extract_tasks(model)
+    assert {v for t in tasks for o in t.occurrences for v in o.borders} == bordered
+
+
+def test_two_anchors_meeting_in_one_elementwise_node_give_it_to_the_first():
+    model = _two_readers("conv")  # y = c1 + c2, as a ResNet block with a downsampling branch
+    assert partition(model) == [("c0", "h"), ("c2",), ("c1", "y")]  # c2 runs before it is added
+
+
 def test_elementwise_nodes_without_an_anchor_are_a_task_of_their_own():
     b = ModelBuilder("chain")
     x, y = b.input("x", (4, 8)), b.input("y", (4, 8))
@@ -134,7 +178,7 @@ def test_every_occurrence_computes_its_model_values(name, params):
     env = all_values(model, random_inputs(model, seed=3))
     for task in extract_tasks(model):
         for occ in task.occurrences:
-            args = {k: np.asarray(env[v], np.float64).reshape(
+            args = {k: np.pad(np.asarray(env[v], np.float64), occ.borders.get(v, 0)).reshape(
                 task.computation.shapes[k]) for k, v in occ.inputs.items()}
             got = reference(task.computation, args)
             expected = {k: np.asarray(env[v], np.float64).reshape(got[k].shape)

@@ -25,6 +25,11 @@ constants) and the same placeholders stand for the model's weights (the computat
 is its number of occurrences, and each occurrence maps the task's placeholder and output names
 to the model's values, so a compiled model can call one kernel at each place.
 
+A value that only convolutions read, all padding it alike, is stored padded (`bordered_values`):
+its producer writes the inside of a buffer whose zero border is written once, and the tasks of
+those convolutions read that buffer without a padding stage (the pass onnxruntime and TVM pay
+once per model, when they change the layout, a chain of tasks would otherwise pay per task).
+
 See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
 
@@ -32,12 +37,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..expr import Expr, Load, loads, to_str, transform
 from ..te import Computation, Stage, Tensor
 from .elementwise import Binary, ScaleShift, Unary
 from .graph import Model, Node
+from .linear import Conv
+
+# Elements (before, after) around a stored value in each of its dimensions.
+Border = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,10 @@ class Occurrence:
     nodes: tuple[str, ...]
     inputs: Mapping[str, str]
     outputs: Mapping[str, str]
+    # The model values among its inputs and outputs stored inside a zero border (see
+    # `bordered_values`): the task reads such an input whole, border included, and writes such
+    # an output inside the border, which is zeroed once and never written.
+    borders: Mapping[str, Border] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,7 @@ def partition(model: Model) -> list[tuple[str, ...]]:
         members.append([n.name])
         last = n.name
         while (len(readers[last]) == 1 and last not in model.outputs
+               and readers[last][0] not in group  # an earlier anchor's epilogue already
                and not is_anchor(model.node(readers[last][0]))
                and not model.node(readers[last][0]).op.layout):
             last = readers[last][0]
@@ -110,11 +124,37 @@ def partition(model: Model) -> list[tuple[str, ...]]:
     return _topological(model, groups, group, order)
 
 
-def extract_tasks(model: Model, fold_layout: bool = True) -> list[ModelTask]:
-    """The model's tasks, in the order the model first runs them."""
+def bordered_values(model: Model, groups: Sequence[tuple[str, ...]]) -> dict[str, Border]:
+    """Values to store inside a zero border: each computed by one task and read, in other
+    tasks, only as the input of convolutions that all pad it alike. Their producer writes the
+    inside of the padded buffer and those convolutions read it as it is, without a pass that
+    pads it (onnxruntime and TVM pay that pass once per model, when they change the layout)."""
+    group = {name: k for k, g in enumerate(groups) for name in g}
+    chosen: dict[str, Border] = {}
+    for n in model.nodes:
+        readers = model.consumers(n.name)
+        if n.name in model.outputs or not readers:
+            continue
+        pads = {r.op.pads if isinstance(r.op, Conv) and r.inputs.count(n.name) == 1
+                and r.inputs[0] == n.name and group[r.name] != group[n.name] else None
+                for r in readers}
+        if len(pads) == 1 and None not in pads and any(pads := pads.pop()):
+            top, left, bottom, right = pads
+            chosen[n.name] = ((0, 0), (0, 0), (top, bottom), (left, right))
+    return chosen
+
+
+def extract_tasks(model: Model, fold_layout: bool = True,
+                  padded_storage: bool = True) -> list[ModelTask]:
+    """The model's tasks, in the order the model first runs them. With `padded_storage`, a
+    value `bordered_values` chooses is stored padded: the convolutions reading it are tasks
+    without padding over its padded shape (its producer's task is the same either way)."""
     keyed: dict[str, tuple[Computation, list[Occurrence], str]] = {}
-    for position, nodes in enumerate(partition(model)):
-        comp = model.computation(nodes, fold_layout=fold_layout)
+    groups = partition(model)
+    borders = bordered_values(model, groups) if padded_storage else {}
+    reading = _reading_padded(model, borders)
+    for position, nodes in enumerate(groups):
+        comp = reading.computation(nodes, fold_layout=fold_layout)
         outputs, names = _canonical(comp)
         base = _base_name(model, nodes)
         inputs = _input_names(comp)
@@ -126,7 +166,8 @@ def extract_tasks(model: Model, fold_layout: bool = True) -> list[ModelTask]:
             keyed[key] = (Computation(base, outputs, constants=constants), [], base)
         keyed[key][1].append(Occurrence(
             position, nodes, {new: old for old, new in names.items() if old in inputs},
-            {names[o]: o for o in comp.outputs}))
+            {names[o]: o for o in comp.outputs},
+            {v: borders[v] for v in (*inputs, *comp.outputs) if v in borders}))
     tasks, used = [], set()
     for key, (comp, occurrences, base) in keyed.items():
         name, k = base, 1
@@ -136,6 +177,20 @@ def extract_tasks(model: Model, fold_layout: bool = True) -> list[ModelTask]:
         used.add(name)
         tasks.append(ModelTask(name, comp, key, tuple(occurrences)))
     return tasks
+
+
+def _reading_padded(model: Model, borders: Mapping[str, Border]) -> Model:
+    """The model as the readers of bordered values see it: each such value of its padded shape
+    and each convolution reading it without padding of its own (its producer's node keeps the
+    value's own shape, so the producer's computation is unchanged)."""
+    if not borders:
+        return model
+    nodes = tuple(replace(n, op=replace(n.op, pads=(0, 0, 0, 0)))
+                  if isinstance(n.op, Conv) and n.inputs[0] in borders else n
+                  for n in model.nodes)
+    shapes = {**model._shapes, **{v: tuple(d + a + b for d, (a, b) in zip(model.shape(v), border))
+                                  for v, border in borders.items()}}
+    return replace(model, nodes=nodes, _shapes=shapes)
 
 
 def _input_names(comp: Computation) -> set[str]:
@@ -215,4 +270,5 @@ def _text(outputs: Sequence[Tensor]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ModelTask", "Occurrence", "extract_tasks", "is_anchor", "partition"]
+__all__ = ["Border", "ModelTask", "Occurrence", "bordered_values", "extract_tasks", "is_anchor",
+           "partition"]
