@@ -7,7 +7,8 @@ numpy's own evaluation of the graph and onnxruntime's, one thread and two, in on
     ... --retime kept/ --only bert_layer
 
 Per model and thread count, the model is tuned into a fresh database with that many threads
-(a one-thread program has no parallel loop to use a second core), then the compiled model,
+(a one-thread program has no parallel loop to use a second core; `--keep DIR` keeps a copy as
+`<model>.x<threads>.<trials>.db`), then the compiled model,
 `Model.evaluate` (numpy, one BLAS thread per thread asked) and an onnxruntime session of the
 model's ONNX export (`intra_op_num_threads` = threads) are timed alternately, so all three see
 the same machine noise; each figure is a median, each ratio the median of the rounds' own
@@ -53,7 +54,8 @@ def onnxruntime_run(model, threads: int, inputs: dict):
     return lambda: session.run(None, feed)
 
 
-def part_model(name: str, threads: int, trials: int, seed: int, repeats: int) -> dict:
+def part_model(name: str, threads: int, trials: int, seed: int, repeats: int,
+               keep: Path | None = None) -> dict:
     from portability import paired_speedup, sampled, summary
 
     from eqsched.backend import CompileOptions, Target
@@ -68,6 +70,9 @@ def part_model(name: str, threads: int, trials: int, seed: int, repeats: int) ->
                            progress=lambda event, data: event == "tasks" and print(
                                f"  {name} x{threads}: {data['trials']}/{data['of']} trials",
                                file=sys.stderr, flush=True))
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            copy_database(db, keep / f"{name}.x{threads}.{tuned.trials}.db")
         compiled = CompiledModel(model, db=db, options=CompileOptions(
             threads=threads, target=Target.parse("host")))
         inputs = compiled.random_inputs(seed)
@@ -170,7 +175,8 @@ def main() -> None:
                     help="gradient vs round-robin instead, after each of --budgets (default: "
                          "both; one alone lets two processes tune side by side into one --keep)")
     ap.add_argument("--budgets", nargs="*", type=int, default=[200, 500, 1000])
-    ap.add_argument("--keep", help="with --schedulers: keep each budget's database here")
+    ap.add_argument("--keep", help="keep each model's database here (<model>.x<threads>."
+                    "<trials>.db); with --schedulers, each budget's")
     ap.add_argument("--early-stopping", type=early_stopping_arg, default=EARLY_STOPPING,
                     metavar="N|off", help="with --schedulers: a task is done after N trials "
                     "without a gain (default off: the whole budget)")
@@ -185,7 +191,9 @@ def main() -> None:
     if args.part:  # one thread count in a child, its BLAS and OpenMP set before numpy loads
         threads = int(args.part)
         threads_for_libraries(threads)
-        rows = [part_model(n, threads, args.trials, args.seed, args.repeats) for n in names]
+        keep = Path(args.keep) if args.keep else None
+        rows = [part_model(n, threads, args.trials, args.seed, args.repeats, keep)
+                for n in names]
         print(json.dumps(rows))
         return
     if args.schedulers is not None or args.retime:
@@ -212,7 +220,8 @@ def main() -> None:
         for threads in args.threads:
             done = subprocess.run([sys.executable, __file__, "--part", str(threads), "--only",
                                    *names, "--trials", str(args.trials), "--seed",
-                                   str(args.seed), "--repeats", str(args.repeats)],
+                                   str(args.seed), "--repeats", str(args.repeats),
+                                   *(["--keep", args.keep] if args.keep else [])],
                                   stdout=subprocess.PIPE, text=True, check=True)
             rows += json.loads(done.stdout)
         print("model         threads  trials  eqsched ms  onnxrt ms  numpy ms  default ms  "
@@ -225,7 +234,7 @@ def main() -> None:
             print(f"{r['model']:<13} {r['threads']:>7}  {r['trials']:>6}  "
                   f"{r['eqsched_s'] * 1e3:10.3f}  {r['onnxruntime_s'] * 1e3:9.3f}  "
                   f"{r['numpy_s'] * 1e3:8.3f}  {r['default_s'] * 1e3:10.3f}  "
-                  f"{speed:8.2f}x  {r['spread']:5.1%}  {verdict}")
+                  f"{speed:8.3f}x  {r['spread']:5.1%}  {verdict}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
