@@ -287,6 +287,29 @@ def test_padded_convolution_matches_numpy():
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_padded_loop_runs_its_border_steps_apart_and_its_inside_untested():
+    # conv1d over the padding's select, i serial and the taps unrolled: i runs as step 0, the
+    # steps [1, n - 1) and step n - 1, each of which decides every tap's test when it is
+    # emitted, so no test (a branch around a load) is left in the code.
+    n, taps = 32, 3
+    x, w = te.placeholder((n,), "X"), te.placeholder((taps,), "W")
+    k = te.reduce_axis(taps, "k")
+    y = te.compute((n,), lambda i: te.sum_(
+        expr.select(expr.all_of(i + k >= 1, i + k < n + 1), x[i + k - 1], 0.0) * w[k], axis=k), "Y")
+    naive = naive_program(te.Computation("conv1d", [y]))
+    prog = naive.with_body((naive.body[0],) + nest(
+        [("Y.i", n, S), ("Y.k", taps, U)],
+        (replace(naive.block("Y.update"), bindings=(
+            Binding("i", (("Y.i", 1),)), Binding("k", (("Y.k", 1),)))),)))
+    text = str(lower(prog, "", "")[0])
+    assert "then" not in text and "select" not in text
+    named = {"X": rand(n), "W": rand(taps)}
+    out = np.empty(n, np.float32)
+    run(prog, *(named[buf.name] for buf in prog.inputs), out)
+    expected = np.convolve(np.pad(named["X"], 1), named["W"][::-1], mode="valid")
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
 # ---- splits that leave a remainder: full tiles, then a peeled tail -----------------------------
 
 

@@ -14,12 +14,13 @@ See docs/ARCHITECTURE.md §7 Backend and target.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 
 from llvmlite import ir
 
-from ..affine import Affine, AffineError, to_affine
+from ..affine import Affine, AffineError, Ranges, to_affine
 from ..expr import BinOp, Cmp, Const, Expr, Var, substitute
 from ..ir import Block, Loop, Program
 from .errors import BackendError
@@ -251,9 +252,14 @@ class Indexer:
         raise BackendError(f"unknown integer operator {op!r}")
 
     def cond(self, c: Expr) -> ir.Value | bool:
-        """A select condition: i1, <L x i1> when it differs per lane, or a bool known now."""
+        """A select condition: i1, <L x i1> when it differs per lane, or a bool known now (the
+        loops' ranges decide it: the partition of a padding's border steps makes that the rule
+        inside)."""
         if not isinstance(c, Cmp):
             raise BackendError(f"a select condition must be a comparison, got {c}")
+        known = decided(c, self.loop_expr, self.ranges)
+        if known is not None:
+            return known
         if c.op == "and":
             x, y = self.cond(c.a), self.cond(c.b)
             if isinstance(x, bool) or isinstance(y, bool):
@@ -286,5 +292,32 @@ class Indexer:
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
          "%": operator.mod, "max": max, "min": min}
+
+
+def decided(c: Cmp, over_loops: Callable[[Expr], Expr], ranges: Ranges) -> bool | None:
+    """A condition's value at every point of the loops' `ranges`, None when points differ or it
+    is not affine; `over_loops` rewrites a side of a comparison over the loop variables."""
+    if c.op == "and":
+        x = decided(c.a, over_loops, ranges)  # type: ignore[arg-type]
+        y = decided(c.b, over_loops, ranges)  # type: ignore[arg-type]
+        if x is False or y is False:
+            return False
+        return True if x and y else None
+    try:
+        diff = to_affine(over_loops(c.a), ranges) + to_affine(over_loops(c.b), ranges).scale(-1)
+        lo, hi = diff.bounds(ranges)
+    except AffineError:
+        return None
+    return compared(c.op, lo, hi)
+
+
+def compared(op: str, lo: int, hi: int) -> bool | None:
+    """`a op b` where a - b lies in [lo, hi]: its value when the whole interval agrees."""
+    holds, fails = {"<": (hi < 0, lo >= 0), "<=": (hi <= 0, lo > 0), ">": (lo > 0, hi <= 0),
+                    ">=": (lo >= 0, hi < 0), "==": (lo == hi == 0, lo > 0 or hi < 0),
+                    "!=": (lo > 0 or hi < 0, lo == hi == 0)}[op]
+    return True if holds else False if fails else None
+
+
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
             ">=": operator.ge, ">": operator.gt}

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ..expr import BinOp, Call, Const, Expr, Load, Select
+from ..affine import Affine, AffineError, to_affine
+from ..expr import BinOp, Call, Cmp, Const, Expr, Load, Select, substitute, walk
 from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest
 from ..legality import loop_binding
 from .errors import BackendError
-from .indexing import Indexer, Lanes
+from .indexing import Indexer, Lanes, compared
 from .mathlib import F32, I32, MathEmitter, broadcast, declare, same_shape
 from .transpose import emit as emit_transposes
 from .transpose import transposed, transposes_runs, transposing_copy
@@ -43,6 +44,9 @@ PEEL_LIMIT = 256  # blocks (unrolled copies counted) a peeled tail may emit
 # registers' worth of block evaluations per step runs up to MAX_COPIES copies of it per step.
 COPY_BUDGET = 96
 MAX_COPIES = 4
+# Runs a serial loop is cut into where select conditions change value (a padding's first border
+# steps, its inside, its last ones); each run copies the loop's body.
+MAX_DECIDED_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class _FunctionEmitter:
         self.unpartitioned = 0  # > 0 inside a tail too big to peel: blocks are guarded instead
         self.tail: ir.Constant | None = None  # the active lanes of a tail vector (_vectorized)
         self.tail_lanes = 0  # how many
+        self.selecting: dict[str, bool] = {}  # loop name: whether a block under it selects
         # A parallel loop under a parallel loop: (the outer loop, the chunk [lo, hi) of their
         # steps counted as one, its steps per step of the outer loop).
         self.collapsed: dict[str, tuple[str, ir.Value, ir.Value, int]] = {}
@@ -218,16 +223,81 @@ class _FunctionEmitter:
             for value in range(0 if full == 1 else full, reach):
                 self._peeled(loop, value)
         else:
-            copies = 1 if self.unpartitioned else body_copies(loop, self.register_lanes,
-                                                              self.most_copies)
-            whole = full - full % copies
-            if whole > 0:
-                self._counted_loop(loop, ir.Constant(I64, 0), ir.Constant(I64, whole),
-                                   copies=copies)
-            for value in range(whole, full):
-                self._peeled(loop, value)
+            runs = self._decided_runs(loop, full)
+            for first, stop in runs:
+                if len(runs) > 1 and stop - first == 1:
+                    self._peeled(loop, first)
+                else:
+                    self._steps(loop, first, stop)
             if reach > full:
                 self._tail(loop, full, reach)
+
+    def _steps(self, loop: Loop, first: int, stop: int) -> None:
+        """The steps [first, stop) of a serial loop: a counted loop, several copies of a small
+        body per step, the steps left over peeled."""
+        copies = 1 if self.unpartitioned else body_copies(loop, self.register_lanes,
+                                                          self.most_copies)
+        whole = stop - (stop - first) % copies
+        if whole > first:
+            self._counted_loop(loop, ir.Constant(I64, first), ir.Constant(I64, whole),
+                               copies=copies)
+        for value in range(whole, stop):
+            self._peeled(loop, value)
+
+    def _decided_runs(self, loop: Loop, full: int) -> list[tuple[int, int]]:
+        """The steps [0, full) in runs over which every select condition under the loop that
+        the loop's variable moves keeps one value (or stays undecided): a padding's border
+        steps apart from its inside, whose tests the indexer then drops (TVM's loop
+        partition). One run when the loop moves no condition, or when more than
+        MAX_DECIDED_RUNS would copy its body too often."""
+        if self.unpartitioned or full < 2 or not self._selects_under(loop):
+            return [(0, full)]
+        tests = self._moved_tests(loop)
+        if not tests:
+            return [(0, full)]
+        signatures = [tuple(compared(op, c * step + lo, c * step + hi) for op, c, lo, hi in tests)
+                      for step in range(full)]
+        runs = [[0, 1]]
+        for step in range(1, full):
+            if signatures[step] == signatures[step - 1]:
+                runs[-1][1] = step + 1
+            else:
+                runs.append([step, step + 1])
+        if len(runs) > MAX_DECIDED_RUNS:
+            return [(0, full)]
+        return [(a, b) for a, b in runs]
+
+    def _selects_under(self, loop: Loop) -> bool:
+        """Whether a block under `loop` selects (remembered: a loop is emitted once per step of
+        each unrolled or peeled loop around it)."""
+        if loop.name not in self.selecting:
+            self.selecting[loop.name] = any(isinstance(e, Select) for blk in _blocks_under(loop)
+                                            for e in walk(blk.value))
+        return self.selecting[loop.name]
+
+    def _moved_tests(self, loop: Loop) -> list[tuple[str, int, int, int]]:
+        """Each comparison of a select condition under `loop` whose sides differ by an affine
+        function of the loop's variable: (op, its coefficient, the bounds of the rest over the
+        loops around and the whole ranges of the loops inside)."""
+        tests = []
+        for blk, inner in _blocks_with_loops(loop.body, ()):
+            selects = [e for e in walk(blk.value) if isinstance(e, Select)]
+            if not selects:
+                continue
+            axes = {bd.axis: bd.expr() for bd in blk.bindings}
+            ranges = dict(self.ix.ranges)
+            ranges.update({lp.name: (0, lp.extent - 1) for lp in (loop, *inner)})
+            for atom in (a for e in selects for a in _comparisons(e.cond)):
+                try:
+                    diff = to_affine(substitute(atom.a, axes), ranges) \
+                        + to_affine(substitute(atom.b, axes), ranges).scale(-1)
+                    rest = Affine.of({v: c for v, c in diff.terms if v != loop.name}, diff.const)
+                    lo, hi = rest.bounds(ranges)
+                except AffineError:
+                    continue
+                if diff.coeff(loop.name):
+                    tests.append((atom.op, diff.coeff(loop.name), lo, hi))
+        return tests
 
     def _transposing_copy(self, loop: Loop, panels: tuple[ir.Value, ir.Value]) -> bool:
         """Emit a root pack nest that transposes as register-tile transposes (`transpose`);
@@ -866,6 +936,25 @@ def _packed_entry(module: ir.Module, chunk: ir.Function, name: str) -> None:
                        typ=PTR) for i in range(len(chunk.args) - 2)]
     b.call(chunk, [*pointers, lo, hi])
     b.ret_void()
+
+
+def _blocks_with_loops(nodes: tuple[Node, ...], around: tuple[Loop, ...]
+                       ) -> list[tuple[Block, tuple[Loop, ...]]]:
+    """Each block in `nodes` with the loops around it there."""
+    out: list[tuple[Block, tuple[Loop, ...]]] = []
+    for n in nodes:
+        if isinstance(n, Block):
+            out.append((n, around))
+        else:
+            out += _blocks_with_loops(n.body, around + ((n,) if isinstance(n, Loop) else ()))
+    return out
+
+
+def _comparisons(c: Expr) -> list[Cmp]:
+    """The comparisons a condition ands."""
+    if isinstance(c, Cmp) and c.op == "and":
+        return _comparisons(c.a) + _comparisons(c.b)
+    return [c]  # type: ignore[list-item]
 
 
 def _blocks_under(loop: Loop) -> list[Block]:
