@@ -324,17 +324,22 @@ def test_a_chain_of_convolutions_reads_values_stored_padded_by_their_producers(t
         assert verdict.correct, verdict.message
 
 
-def test_a_value_padded_alike_by_two_convolutions_is_stored_padded_once():
-    b = ModelBuilder("two_convolutions")
+@pytest.mark.parametrize("second", ["conv", "unpadded_conv", "residual"])
+def test_a_value_stored_padded_is_read_whole_by_convolutions_and_inside_by_others(second):
+    b = ModelBuilder("two_readers")
     rng = np.random.default_rng(1)
     x = b.input("x", (1, 2, 6, 6))
     h = b.relu(b.conv(x, b.weight("w0", rng.standard_normal((2, 2, 3, 3))), name="c0"),
                name="h")
-    y = b.add(b.conv(h, b.weight("w1", rng.standard_normal((2, 2, 3, 3))), pads=(1, 1, 1, 1),
-                     name="c1"),
-              b.conv(h, b.weight("w2", rng.standard_normal((2, 2, 3, 3))), pads=(1, 1, 1, 1),
-                     name="c2"), name="y")
-    compiled = CompiledModel(b.build(y), options=ONE_THREAD)
-    assert sum(bool(o.borders) for t in compiled.tasks for o in t.occurrences) == 3
-    verdict = compiled.check(seed=2)
-    assert verdict.correct, verdict.message
+    y = b.conv(h, b.weight("w1", rng.standard_normal((2, 2, 3, 3))), pads=(1, 1, 1, 1),
+               name="c1")
+    other = {"conv": lambda: b.conv(h, b.weight("w2", rng.standard_normal((2, 2, 3, 3))),
+                                    pads=(1, 1, 1, 1), name="c2"),
+             "unpadded_conv": lambda: b.conv(h, b.weight("w2", rng.standard_normal(
+                 (2, 2, 1, 1))), name="c2"),
+             "residual": lambda: h}[second]()
+    compiled = CompiledModel(b.build(b.add(y, other, name="y")), options=ONE_THREAD)
+    assert {v for t in compiled.tasks for o in t.occurrences for v in o.borders} == {"h"}
+    for seed in (2, 3):
+        verdict = compiled.check(seed=seed)
+        assert verdict.correct, verdict.message

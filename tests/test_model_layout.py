@@ -7,7 +7,7 @@ from model_checks import check_stages, one_node, random_inputs
 
 from eqsched.expr import Var, to_str
 from eqsched.model import ModelBuilder, ModelError
-from eqsched.model.layout import Reshape, Transpose
+from eqsched.model.layout import Inside, Reshape, Transpose
 
 
 @pytest.mark.parametrize("perm", [(), (0, 2, 1, 3), (2, 0, 3, 1)])
@@ -44,7 +44,18 @@ def test_a_split_of_the_last_dimension_is_an_affine_read():
 
 
 def test_layout_operators_are_marked_so():
-    assert Transpose().layout and Reshape((1,)).layout
+    assert Transpose().layout and Reshape((1,)).layout and Inside(((0, 0),)).layout
+
+
+def test_inside_leaves_the_border_out_and_reads_past_the_befores():
+    model = one_node(Inside(((0, 0), (1, 2), (2, 0))), (2, 6, 5))
+    inputs = random_inputs(model, seed=3)
+    np.testing.assert_array_equal(model.evaluate(inputs)["y"], inputs["x0"][:, 1:4, 2:])
+    check_stages(model, inputs)
+    index = Inside(((0, 0), (1, 2))).index_map((2, 6), (Var("i0"), Var("i1")))
+    assert [to_str(e) for e in index] == ["i0", "i1 + 1"]
+    with pytest.raises(ModelError, match=r"Inside: border .* does not fit in \(2, 3\)"):
+        one_node(Inside(((0, 0), (2, 1))), (2, 3))
 
 
 def test_builder_reshape_infers_one_dimension_and_flatten_is_a_reshape():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from model_checks import random_inputs
 
+from eqsched.expr import to_str
 from eqsched.model import ModelBuilder
 from eqsched.model.builtin import get_model
 from eqsched.model.tasks import extract_tasks, partition
@@ -102,13 +103,25 @@ def _two_readers(second_reader: str, pads=(1, 1, 1, 1)):
 
 @pytest.mark.parametrize("model,bordered", [
     (_two_readers("conv"), {"h"}),                         # two convolutions padding alike
-    (_two_readers("conv", pads=(0, 1, 0, 1)), set()),      # padding otherwise
-    (_two_readers("add"), set()),                          # read as it is, too
+    (_two_readers("conv", pads=(0, 0, 0, 0)), {"h"}),      # one padding, one reading the inside
+    (_two_readers("add"), {"h"}),                          # a residual reading the inside
+    (_two_readers("conv", pads=(0, 1, 0, 1)), set()),      # two paddings
     (_two_readers("output"), set()),                       # the caller's array
 ])
-def test_a_value_is_stored_padded_only_when_every_reader_pads_it_alike(model, bordered):
+def test_a_value_is_stored_padded_when_the_convolutions_padding_it_pad_it_alike(model, bordered):
     tasks = extract_tasks(model)
     assert {v for t in tasks for o in t.occurrences for v in o.borders} == bordered
+    pad_stages = [s.name for t in tasks for s in t.computation.stages if "__pad" in s.name]
+    assert (not pad_stages) == bool(bordered)  # c0 reads the caller's x and pads nothing
+
+
+def test_a_task_reads_the_inside_of_a_padded_value_through_its_indexing():
+    residual = next(t for t in extract_tasks(_two_readers("add")) if t.name == "conv_add")
+    comp = residual.computation  # y = c1(h) + h, h (3x3) stored padded to 5x5
+    assert comp.shapes["in0"] == (1, 2, 5, 5) and [s.name for s in comp.stages] == ["t0", "t1"]
+    assert [to_str(s.body) for s in comp.stages] == [
+        "in0[i0, r0, i2 + r1, i3 + r2] * in1[i1, r0, r1, r2]",  # the whole, as padded
+        "t0[i0, i1, i2, i3] + in0[i0, i1, i2 + 1, i3 + 1]"]     # the inside
 
 
 def test_two_anchors_meeting_in_one_elementwise_node_give_it_to_the_first():

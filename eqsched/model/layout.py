@@ -1,4 +1,5 @@
-"""Layout operators: Transpose and Reshape (Flatten is a Reshape). Each only moves elements: its
+"""Layout operators: Transpose and Reshape (Flatten is a Reshape), and Inside, through which a
+task reads a value stored padded. Each only moves elements: its
 stage reads its input at `index_map(out index)`, a re-indexing a consumer can take over (a
 Reshape re-indexes a contiguous buffer: the flat offset is kept).
 
@@ -96,6 +97,29 @@ class Reshape(_Layout):
         return tuple(out_index[:lead]) + middle + kept_tail
 
 
+@dataclass(frozen=True)
+class Inside(_Layout):
+    """The input without its border: `border` gives, per dimension, the elements (before,
+    after) to leave out. No file has it; tasks read a value stored padded through it
+    (`model.tasks.bordered_values`)."""
+
+    border: tuple[tuple[int, int], ...]
+    op_type: ClassVar[str] = "Inside"
+
+    def infer(self, shapes: Sequence[Shape]) -> Shape:
+        if len(self.border) != len(shapes[0]) or any(
+                n - a - b < 1 for n, (a, b) in zip(shapes[0], self.border)):
+            raise ModelError(f"Inside: border {self.border} does not fit in {shapes[0]}")
+        return tuple(n - a - b for n, (a, b) in zip(shapes[0], self.border))
+
+    def evaluate(self, *arrays: np.ndarray) -> np.ndarray:
+        (x,) = arrays
+        return f32(x[tuple(slice(a, n - b) for n, (a, b) in zip(x.shape, self.border))])
+
+    def index_map(self, in_shape: Shape, out_index: Sequence[Expr]) -> tuple[Expr, ...]:
+        return tuple(i + a if a else i for i, (a, _) in zip(out_index, self.border))
+
+
 _ZERO = Const(0, "int")
 
 
@@ -126,4 +150,4 @@ def _strides(shape: Shape) -> tuple[int, ...]:
     return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
 
 
-__all__ = ["Reshape", "Transpose"]
+__all__ = ["Inside", "Reshape", "Transpose"]

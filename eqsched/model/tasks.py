@@ -25,10 +25,11 @@ constants) and the same placeholders stand for the model's weights (the computat
 is its number of occurrences, and each occurrence maps the task's placeholder and output names
 to the model's values, so a compiled model can call one kernel at each place.
 
-A value that only convolutions read, all padding it alike, is stored padded (`bordered_values`):
-its producer writes the inside of a buffer whose zero border is written once, and the tasks of
-those convolutions read that buffer without a padding stage (the pass onnxruntime and TVM pay
-once per model, when they change the layout, a chain of tasks would otherwise pay per task).
+A value that convolutions of other tasks read, all padding it alike, is stored padded
+(`bordered_values`): its producer writes the inside of a buffer whose zero border is written
+once, the tasks of those convolutions read that buffer without a padding stage, and its other
+readers read the inside (the pass onnxruntime and TVM pay once per model, when they change the
+layout, a chain of tasks would otherwise pay per convolution).
 
 See docs/ARCHITECTURE.md §19 Tasks and compiled models.
 """
@@ -43,6 +44,7 @@ from ..expr import Expr, Load, loads, to_str, transform
 from ..te import Computation, Stage, Tensor
 from .elementwise import Binary, ScaleShift, Unary
 from .graph import Model, Node
+from .layout import Inside
 from .linear import Conv
 
 # Elements (before, after) around a stored value in each of its dimensions.
@@ -125,23 +127,28 @@ def partition(model: Model) -> list[tuple[str, ...]]:
 
 
 def bordered_values(model: Model, groups: Sequence[tuple[str, ...]]) -> dict[str, Border]:
-    """Values to store inside a zero border: each computed by one task and read, in other
-    tasks, only as the input of convolutions that all pad it alike. Their producer writes the
+    """Values to store inside a zero border: each computed by a task, no output of the model,
+    and read by convolutions of other tasks that all pad it alike. Their producer writes the
     inside of the padded buffer and those convolutions read it as it is, without a pass that
-    pads it (onnxruntime and TVM pay that pass once per model, when they change the layout)."""
+    pads it (onnxruntime and TVM pay that pass once per model, when they change the layout);
+    any other reader (a residual add, a convolution padding nothing) reads the inside."""
     group = {name: k for k, g in enumerate(groups) for name in g}
     chosen: dict[str, Border] = {}
     for n in model.nodes:
-        readers = model.consumers(n.name)
-        if n.name in model.outputs or not readers:
+        if n.name in model.outputs:
             continue
-        pads = {r.op.pads if isinstance(r.op, Conv) and r.inputs.count(n.name) == 1
-                and r.inputs[0] == n.name and group[r.name] != group[n.name] else None
-                for r in readers}
-        if len(pads) == 1 and None not in pads and any(pads := pads.pop()):
-            top, left, bottom, right = pads
+        padding = {r.op.pads for r in model.consumers(n.name)
+                   if _pads(r, n.name) and group[r.name] != group[n.name]}
+        if len(padding) == 1:
+            top, left, bottom, right = padding.pop()
             chosen[n.name] = ((0, 0), (0, 0), (top, bottom), (left, right))
     return chosen
+
+
+def _pads(node: Node, value: str) -> bool:
+    """Whether `node` is a convolution that pads `value`, its input (and reads it once)."""
+    return (isinstance(node.op, Conv) and any(node.op.pads) and node.inputs[0] == value
+            and node.inputs.count(value) == 1)
 
 
 def extract_tasks(model: Model, fold_layout: bool = True,
@@ -152,9 +159,9 @@ def extract_tasks(model: Model, fold_layout: bool = True,
     keyed: dict[str, tuple[Computation, list[Occurrence], str]] = {}
     groups = partition(model)
     borders = bordered_values(model, groups) if padded_storage else {}
-    reading = _reading_padded(model, borders)
-    for position, nodes in enumerate(groups):
-        comp = reading.computation(nodes, fold_layout=fold_layout)
+    reading, reading_groups = _reading_padded(model, groups, borders)
+    for position, (nodes, read) in enumerate(zip(groups, reading_groups)):
+        comp = reading.computation(read, fold_layout=fold_layout)
         outputs, names = _canonical(comp)
         base = _base_name(model, nodes)
         inputs = _input_names(comp)
@@ -179,18 +186,37 @@ def extract_tasks(model: Model, fold_layout: bool = True,
     return tasks
 
 
-def _reading_padded(model: Model, borders: Mapping[str, Border]) -> Model:
-    """The model as the readers of bordered values see it: each such value of its padded shape
-    and each convolution reading it without padding of its own (its producer's node keeps the
-    value's own shape, so the producer's computation is unchanged)."""
+def _reading_padded(model: Model, groups: Sequence[tuple[str, ...]],
+                    borders: Mapping[str, Border]) -> tuple[Model, list[tuple[str, ...]]]:
+    """The model as the readers of bordered values see it, and its groups: each such value of
+    its padded shape, each convolution padding it alike reading it without padding of its own,
+    and every other reader reading an `Inside` node of its group's own (a view, folded into
+    its indexing). The producer's node keeps the value's own shape, so the producer's
+    computation is the same as without borders."""
     if not borders:
-        return model
-    nodes = tuple(replace(n, op=replace(n.op, pads=(0, 0, 0, 0)))
-                  if isinstance(n.op, Conv) and n.inputs[0] in borders else n
-                  for n in model.nodes)
-    shapes = {**model._shapes, **{v: tuple(d + a + b for d, (a, b) in zip(model.shape(v), border))
-                                  for v, border in borders.items()}}
-    return replace(model, nodes=nodes, _shapes=shapes)
+        return model, list(groups)
+    group = {name: k for k, g in enumerate(groups) for name in g}
+    shapes = dict(model._shapes)
+    members = [list(g) for g in groups]
+    nodes: list[Node] = []
+    for n in model.nodes:
+        padded = n.inputs[0] if (n.inputs and n.inputs[0] in borders and _pads(n, n.inputs[0])
+                                 and group[n.name] != group[n.inputs[0]]) else None
+        if padded:  # all such convolutions pad alike: the border is their padding
+            n = replace(n, op=replace(n.op, pads=(0, 0, 0, 0)))
+        inside = {v: f"{v}_inside{group[n.name]}" for v in n.inputs
+                  if v in borders and v != padded and group[v] != group[n.name]}
+        for v, name in inside.items():
+            if name not in shapes:
+                shapes[name] = model.shape(v)
+                nodes.append(Node(name, Inside(borders[v]), (v,), model.shape(v)))
+                members[group[n.name]].insert(0, name)
+        nodes.append(replace(n, inputs=tuple(inside.get(v, v) for v in n.inputs)))
+    shapes.update({v: tuple(d + a + b for d, (a, b) in zip(model.shape(v), border))
+                   for v, border in borders.items()})
+    order = {n.name: k for k, n in enumerate(nodes)}
+    return (replace(model, nodes=tuple(nodes), _shapes=shapes),
+            [tuple(sorted(m, key=order.__getitem__)) for m in members])
 
 
 def _input_names(comp: Computation) -> set[str]:
