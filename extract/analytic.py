@@ -86,19 +86,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eqsched.affine import AffineError, to_affine
-from eqsched.backend.indexing import compared
-from eqsched.backend.lower import (
-    body_copies,
-    comparisons,
-    decided_runs,
-    in_pieces,
-    moved_tests,
-    select_comparisons,
-    tail_pieces,
-)
+from eqsched.affine import AffineError
+from eqsched.backend.lower import body_copies, in_pieces, tail_pieces
 from eqsched.backend.transpose import TransposingCopy, transposes_runs, transposing_copy
-from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars, substitute
+from eqsched.expr import BinOp, Call, Cmp, Const, Expr, Load, Select, Var, free_vars
 from eqsched.ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest, walk
 from eqsched.legality import loop_binding
 from eqsched.machine_model import MachineModel, machine_model
@@ -429,11 +420,6 @@ def _register_tiles(prog: Program, sites: dict) -> frozenset[str]:
 # ---- one block ------------------------------------------------------------------------------
 
 
-# Unrolled copies inside a peeled border step whose tests are settled one by one; past this
-# many the step counts as tested throughout.
-MAX_COPIES_ENUMERATED = 512
-
-
 class _BlockCoster:
     """Counts one block's operations where LLVM places them (see the module docstring)."""
 
@@ -680,66 +666,20 @@ class _BlockCoster:
             self._op("compute", CALL_COST.get(e.fn, 1), deps)
             return deps
         if isinstance(e, Select):
-            atoms = comparisons(e.cond)
-            shares = self._tested_shares(atoms)
-            deps = frozenset()
-            for atom, share in zip(atoms, shares):
-                # Each comparison is placed by its own loops: padding's row tests are hoisted
-                # out of the column loop, only the column tests are per lane.
-                atom_deps = self._index_deps(atom)
-                self._op("compute", share, atom_deps)
-                deps |= atom_deps
-            deps |= self._value(e.a) | self._value(e.b)
-            self._op("compute", min(1.0, sum(shares)), deps)  # the blend
+            deps = self._condition(e.cond) | self._value(e.a) | self._value(e.b)
+            self._op("compute", 1, deps)  # the blend
             return deps
         return frozenset()
 
-    def _tested_shares(self, atoms: list[Cmp]) -> list[float]:
-        """The share of the block's points where the backend still tests each of a select's
-        comparisons. A serial loop whose steps it cuts where a comparison changes value
-        (`lower.decided_runs`) leaves it only in its border runs; in a border run of one step,
-        peeled, each unrolled copy inside has its own constant indices, and most decide it (a
-        3x3 window's left column tests only at its first column). One no loop cuts is tested
-        everywhere."""
-        axes = {bd.axis: bd.expr() for bd in self.blk.bindings}
-        whole = {lp.name: (0, lp.extent - 1) for lp in self.loops}
-        diffs = []
-        for atom in atoms:
-            try:
-                diffs.append(to_affine(substitute(atom.a, axes), whole)
-                             + to_affine(substitute(atom.b, axes), whole).scale(-1))
-            except AffineError:
-                diffs.append(None)
-        everything = select_comparisons(self.blk)
-        shares = [1.0] * len(atoms)
-        for d, lp in enumerate(self.loops):
-            if lp.kind != LoopKind.SERIAL or lp.extent < 2:
-                continue
-            inner = self.loops[d + 1:]
-            outer = {o.name: (0, o.extent - 1) for o in self.loops[:d]}
-            runs = decided_runs(moved_tests(everything, self.blk, lp, inner, outer), lp.extent)
-            if len(runs) < 2:
-                continue
-            unrolled = [o for o in inner if o.kind == LoopKind.UNROLL]
-            if math.prod(o.extent for o in unrolled) > MAX_COPIES_ENUMERATED:
-                unrolled = []
-            for k, (atom, diff) in enumerate(zip(atoms, diffs)):
-                if diff is None or not diff.coeff(lp.name):
-                    continue
-                tested = 0.0
-                for first, stop in runs:
-                    if stop - first > 1:
-                        lo, hi = diff.bounds({**whole, lp.name: (first, stop - 1)})
-                        tested += (stop - first) * (compared(atom.op, lo, hi) is None)
-                        continue
-                    copies = list(itertools.product(*(range(o.extent) for o in unrolled)))
-                    undecided = sum(compared(atom.op, *diff.bounds(
-                        {**whole, lp.name: (first, first),
-                         **{o.name: (v, v) for o, v in zip(unrolled, values)}})) is None
-                        for values in copies)
-                    tested += undecided / len(copies)
-                shares[k] = min(shares[k], tested / lp.extent)
-        return shares
+    def _condition(self, c: Expr) -> frozenset[int]:
+        """Each comparison is placed by its own loops: padding's row tests are hoisted out of
+        the column loop, only the column tests are per lane."""
+        if isinstance(c, Cmp) and c.op == "and":
+            deps = self._condition(c.a) | self._condition(c.b)
+        else:
+            deps = self._index_deps(c)
+        self._op("compute", 1, deps)
+        return deps
 
     def _load(self, ld: Load) -> frozenset[int]:
         access = self._access(ld.buffer, ld.indices, written=False)

@@ -12,13 +12,12 @@ import pytest
 
 from eqsched.egraph.derive import realize
 from eqsched.egraph.space import build_space
-from eqsched.expr import all_of, select
 from eqsched.extract.analytic import KEYS, AnalyticModel
 from eqsched.extract.cost import get_cost_model
-from eqsched.ir import Program, naive_program
+from eqsched.ir import naive_program
 from eqsched.rules import default_rules
 from eqsched.schedule import Schedule
-from eqsched.te import Computation, compute, placeholder, reduce_axis, sum_
+from eqsched.te import Computation, compute, placeholder
 from eqsched.workloads import get_workload, list_workloads
 
 
@@ -838,63 +837,3 @@ def test_a_strided_store_the_backend_transposes_costs_less_than_its_scatter(mode
         return model.breakdown(sch.program)["stores"]
 
     assert stores(unrolled=True) < stores(unrolled=False) / 4
-
-
-def _conv_reading(pad_inlined: bool, window: int) -> Computation:
-    """A 16x16 convolution over 32 channels reading its input through an inlined zero padding
-    (a select at every read) or an input given already padded."""
-    pad, size = window // 2, 16
-    w = placeholder((32, 32, window, window), "W")
-    rc, ry, rx = reduce_axis(32, "rc"), reduce_axis(window, "ry"), reduce_axis(window, "rx")
-    if pad_inlined:
-        x = placeholder((32, size, size), "X")
-
-        def read(c, h, v):
-            return select(all_of(h >= pad, h < size + pad, v >= pad, v < size + pad),
-                          x[c, h - pad, v - pad], 0.0)
-    else:
-        x = placeholder((32, size + 2 * pad, size + 2 * pad), "X")
-
-        def read(c, h, v):
-            return x[c, h, v]
-    return Computation("conv", [compute((32, size, size), lambda k, y, v: sum_(
-        read(rc, y + ry, v + rx) * w[k, rc, ry, rx], axis=(rc, ry, rx)), "Y")])
-
-
-def _conv_tile(comp: Computation) -> Program:
-    """8 columns x 32 output channels per tile (two registers), the columns and the window's
-    rows unrolled, its columns a serial loop (ResNet's winners' tile)."""
-    s = Schedule(naive_program(comp))
-    v = s.split("Y.v", [2, 8])
-    s.reorder("Y.y", v[0], "Y.rc", "Y.rx", "Y.ry", v[1], "Y.k")
-    s.fuse("Y.init", at=v[0])
-    s.cache_write("Y.update", at=v[0])
-    s.unroll(v[1])
-    s.unroll("Y.ry")
-    s.vectorize("Y.k")
-    return s.program
-
-
-def _conv_rows(comp: Computation) -> Program:
-    """Each row of 16 columns one vector, the window and channels outside it."""
-    s = Schedule(naive_program(comp))
-    s.reorder("Y.k", "Y.y", "Y.rc", "Y.ry", "Y.rx", "Y.v")
-    s.vectorize("Y.v")
-    return s.program
-
-
-@pytest.mark.parametrize("window", [3, 7])
-def test_padding_tests_the_backend_cuts_away_are_charged_only_at_the_border(model, window):
-    # The backend cuts the row and column-tile loops where the padding's tests change value
-    # (lower.decided_runs): inside, the inlined padding reads as plainly as a padded input;
-    # only border steps test, and there each unrolled copy mostly settles its own test.
-    def compute_cycles(program: Program) -> float:
-        return model.breakdown(program)["compute"]
-
-    inlined = compute_cycles(_conv_tile(_conv_reading(True, window)))
-    padded = compute_cycles(_conv_tile(_conv_reading(False, window)))
-    assert padded < inlined < 1.2 * padded  # a test at every read cost 1.5x
-    # Columns as the lanes of one vector: no loop moves their test but the vector's, which is
-    # not cut; every read tests its lanes.
-    lanes = compute_cycles(_conv_rows(_conv_reading(True, window)))
-    assert lanes > 1.3 * compute_cycles(_conv_rows(_conv_reading(False, window)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -245,14 +245,27 @@ class _FunctionEmitter:
             self._peeled(loop, value)
 
     def _decided_runs(self, loop: Loop, full: int) -> list[tuple[int, int]]:
-        """The steps [0, full) in runs over which every select test under the loop keeps one
-        value (`decided_runs`, over the ranges the indexer has for the loops around)."""
+        """The steps [0, full) in runs over which every select condition under the loop that
+        the loop's variable moves keeps one value (or stays undecided): a padding's border
+        steps apart from its inside, whose tests the indexer then drops (TVM's loop
+        partition). One run when the loop moves no condition, or when more than
+        MAX_DECIDED_RUNS would copy its body too often."""
         if self.unpartitioned or full < 2 or not self._selects_under(loop):
             return [(0, full)]
-        tests = [t for blk, inner in _blocks_with_loops(loop.body, ())
-                 for t in moved_tests(select_comparisons(blk), blk, loop, inner,
-                                      self.ix.ranges)]
-        return decided_runs(tests, full)
+        tests = self._moved_tests(loop)
+        if not tests:
+            return [(0, full)]
+        signatures = [tuple(compared(op, c * step + lo, c * step + hi) for op, c, lo, hi in tests)
+                      for step in range(full)]
+        runs = [[0, 1]]
+        for step in range(1, full):
+            if signatures[step] == signatures[step - 1]:
+                runs[-1][1] = step + 1
+            else:
+                runs.append([step, step + 1])
+        if len(runs) > MAX_DECIDED_RUNS:
+            return [(0, full)]
+        return [(a, b) for a, b in runs]
 
     def _selects_under(self, loop: Loop) -> bool:
         """Whether a block under `loop` selects (remembered: a loop is emitted once per step of
@@ -261,6 +274,30 @@ class _FunctionEmitter:
             self.selecting[loop.name] = any(isinstance(e, Select) for blk in _blocks_under(loop)
                                             for e in walk(blk.value))
         return self.selecting[loop.name]
+
+    def _moved_tests(self, loop: Loop) -> list[tuple[str, int, int, int]]:
+        """Each comparison of a select condition under `loop` whose sides differ by an affine
+        function of the loop's variable: (op, its coefficient, the bounds of the rest over the
+        loops around and the whole ranges of the loops inside)."""
+        tests = []
+        for blk, inner in _blocks_with_loops(loop.body, ()):
+            selects = [e for e in walk(blk.value) if isinstance(e, Select)]
+            if not selects:
+                continue
+            axes = {bd.axis: bd.expr() for bd in blk.bindings}
+            ranges = dict(self.ix.ranges)
+            ranges.update({lp.name: (0, lp.extent - 1) for lp in (loop, *inner)})
+            for atom in (a for e in selects for a in _comparisons(e.cond)):
+                try:
+                    diff = to_affine(substitute(atom.a, axes), ranges) \
+                        + to_affine(substitute(atom.b, axes), ranges).scale(-1)
+                    rest = Affine.of({v: c for v, c in diff.terms if v != loop.name}, diff.const)
+                    lo, hi = rest.bounds(ranges)
+                except AffineError:
+                    continue
+                if diff.coeff(loop.name):
+                    tests.append((atom.op, diff.coeff(loop.name), lo, hi))
+        return tests
 
     def _transposing_copy(self, loop: Loop, panels: tuple[ir.Value, ir.Value]) -> bool:
         """Emit a root pack nest that transposes as register-tile transposes (`transpose`);
@@ -913,62 +950,10 @@ def _blocks_with_loops(nodes: tuple[Node, ...], around: tuple[Loop, ...]
     return out
 
 
-Test = tuple[str, int, int, int]  # (op, the loop's coefficient, the rest's bounds)
-
-
-def select_comparisons(blk: Block) -> list[Cmp]:
-    """The comparisons the select conditions of `blk`'s value and."""
-    return [a for e in walk(blk.value) if isinstance(e, Select) for a in comparisons(e.cond)]
-
-
-def moved_tests(comparisons: list[Cmp], blk: Block, loop: Loop, inner: tuple[Loop, ...],
-                around: Mapping[str, tuple[int, int]]) -> list[Test]:
-    """Each of `comparisons` (in `blk`'s axes) whose sides differ by an affine function of
-    `loop`'s variable: (op, its coefficient, the bounds of the rest over the `around` ranges of
-    the loops outside and the whole ranges of `inner`, the loops between `loop` and `blk`)."""
-    if not comparisons:
-        return []
-    axes = {bd.axis: bd.expr() for bd in blk.bindings}
-    ranges = dict(around)
-    ranges.update({lp.name: (0, lp.extent - 1) for lp in (loop, *inner)})
-    tests = []
-    for atom in comparisons:
-        try:
-            diff = to_affine(substitute(atom.a, axes), ranges) \
-                + to_affine(substitute(atom.b, axes), ranges).scale(-1)
-            rest = Affine.of({v: c for v, c in diff.terms if v != loop.name}, diff.const)
-            lo, hi = rest.bounds(ranges)
-        except AffineError:
-            continue
-        if diff.coeff(loop.name):
-            tests.append((atom.op, diff.coeff(loop.name), lo, hi))
-    return tests
-
-
-def decided_runs(tests: list[Test], full: int) -> list[tuple[int, int]]:
-    """The steps [0, full) of a serial loop in runs over which each of `tests` keeps one value
-    (or stays undecided): a padding's border steps apart from its inside, whose tests the
-    indexer then drops (TVM's loop partition). One run when no test moves, or when more than
-    MAX_DECIDED_RUNS would copy the loop's body too often."""
-    if not tests or full < 2:
-        return [(0, full)]
-    signatures = [tuple(compared(op, c * step + lo, c * step + hi) for op, c, lo, hi in tests)
-                  for step in range(full)]
-    runs = [[0, 1]]
-    for step in range(1, full):
-        if signatures[step] == signatures[step - 1]:
-            runs[-1][1] = step + 1
-        else:
-            runs.append([step, step + 1])
-    if len(runs) > MAX_DECIDED_RUNS:
-        return [(0, full)]
-    return [(a, b) for a, b in runs]
-
-
-def comparisons(c: Expr) -> list[Cmp]:
+def _comparisons(c: Expr) -> list[Cmp]:
     """The comparisons a condition ands."""
     if isinstance(c, Cmp) and c.op == "and":
-        return comparisons(c.a) + comparisons(c.b)
+        return _comparisons(c.a) + _comparisons(c.b)
     return [c]  # type: ignore[list-item]
 
 
