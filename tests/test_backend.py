@@ -267,13 +267,18 @@ def test_select_on_an_outer_loop_branches_around_the_vector_code():
         np.testing.assert_array_equal(out, [data, np.zeros(16)])
 
 
-def test_padded_convolution_matches_numpy():
-    n, taps = 32, 3
+def conv1d_over_its_padding(n: int, taps: int) -> Program:
+    """A 1-D convolution reading its input through a zero padding's select, naive."""
     x, w = te.placeholder((n,), "X"), te.placeholder((taps,), "W")
     k = te.reduce_axis(taps, "k")
     y = te.compute((n,), lambda i: te.sum_(
         expr.select(expr.all_of(i + k >= 1, i + k < n + 1), x[i + k - 1], 0.0) * w[k], axis=k), "Y")
-    naive = naive_program(te.Computation("conv1d", [y]))
+    return naive_program(te.Computation("conv1d", [y]))
+
+
+def test_padded_convolution_matches_numpy():
+    n, taps = 32, 3
+    naive = conv1d_over_its_padding(n, taps)
     vector = naive.with_body((naive.body[0],) + nest(
         [("Y.k", taps, S), ("Y.i.0", n // 16, S), ("Y.i.1", 16, V)],
         (replace(naive.block("Y.update"), bindings=(
@@ -292,11 +297,7 @@ def test_a_padded_loop_runs_its_border_steps_apart_and_its_inside_untested():
     # steps [1, n - 1) and step n - 1, each of which decides every tap's test when it is
     # emitted, so no test (a branch around a load) is left in the code.
     n, taps = 32, 3
-    x, w = te.placeholder((n,), "X"), te.placeholder((taps,), "W")
-    k = te.reduce_axis(taps, "k")
-    y = te.compute((n,), lambda i: te.sum_(
-        expr.select(expr.all_of(i + k >= 1, i + k < n + 1), x[i + k - 1], 0.0) * w[k], axis=k), "Y")
-    naive = naive_program(te.Computation("conv1d", [y]))
+    naive = conv1d_over_its_padding(n, taps)
     prog = naive.with_body((naive.body[0],) + nest(
         [("Y.i", n, S), ("Y.k", taps, U)],
         (replace(naive.block("Y.update"), bindings=(
