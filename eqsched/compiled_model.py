@@ -22,7 +22,8 @@ reader left is reused by a later value that fits in it (never by an output of th
 it: kernels' pointers are `noalias`). Model outputs get buffers of their own, and so does a
 value the tasks store padded (`Occurrence.borders`): its buffer is zeroed here, its producer's
 program is moved inside the border (`ir.embedded`, compiled once per set of borders) and its
-readers, convolutions without padding of their own, read it whole. Every kernel call is
+readers' tasks read it as `model.tasks` built them: a convolution padding it, whole; any other
+reader, its inside. Every kernel call is
 bound to its buffers once, in a `backend.chain.Chain`: a model call runs the whole model by one
 native call (on one thread; a parallel loop split among threads adds its own), reading each
 large input where the caller keeps it (copied into the input's own buffer when it does not

@@ -343,3 +343,26 @@ def test_a_value_stored_padded_is_read_whole_by_convolutions_and_inside_by_other
     for seed in (2, 3):
         verdict = compiled.check(seed=seed)
         assert verdict.correct, verdict.message
+
+
+def test_blocks_of_one_structure_stay_one_task_whether_their_output_is_stored_padded_or_not():
+    # Two residual blocks: each reads its input stored padded (its convolution whole, its
+    # residual the inside); the first block's output is stored padded for the second, the
+    # second's is the model's. One task of weight 2, its kernel compiled once per border.
+    b = ModelBuilder("two_blocks")
+    rng = np.random.default_rng(4)
+    h = b.relu(b.conv(b.input("x", (1, 4, 6, 6)), b.weight("w0", rng.standard_normal(
+        (4, 4, 1, 1))), name="c0"), name="h0")
+    for k in (1, 2):
+        conv = b.conv(h, b.weight(f"w{k}", rng.standard_normal((4, 4, 3, 3))),
+                      pads=(1, 1, 1, 1), name=f"c{k}")
+        h = b.relu(b.add(conv, h, name=f"a{k}"), name=f"h{k}")
+    compiled = CompiledModel(b.build(h), options=ONE_THREAD)
+    (block,) = [t for t in compiled.tasks if t.weight == 2]
+    assert [dict(o.borders) for o in block.occurrences] == [
+        {"h0": ((0, 0), (0, 0), (1, 1), (1, 1)), "h1": ((0, 0), (0, 0), (1, 1), (1, 1))},
+        {"h1": ((0, 0), (0, 0), (1, 1), (1, 1))}]
+    first, second = (kernel for kernel, _ in compiled._calls[1:])
+    assert first is not second  # one writes inside a border, the other a plain output
+    verdict = compiled.check(seed=5)
+    assert verdict.correct, verdict.message

@@ -204,7 +204,8 @@ def _reading_padded(model: Model, groups: Sequence[tuple[str, ...]],
                                  and group[n.name] != group[n.inputs[0]]) else None
         if padded:  # all such convolutions pad alike: the border is their padding
             n = replace(n, op=replace(n.op, pads=(0, 0, 0, 0)))
-        inside = {v: f"{v}_inside{group[n.name]}" for v in n.inputs
+        # `__` keeps the name off every model value's (graph.py reserves it for inner stages).
+        inside = {v: f"{v}_{group[n.name]}__inside" for v in n.inputs
                   if v in borders and v != padded and group[v] != group[n.name]}
         for v, name in inside.items():
             if name not in shapes:
