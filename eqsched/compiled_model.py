@@ -60,10 +60,10 @@ from .backend.chain import Chain
 from .db import Database, Record
 from .default_schedule import default_schedule
 from .explore import computation_key
-from .ir import Program, embedded, naive_program
+from .ir import Program, bordered_shape, embedded, naive_program
 from .model.graph import Model
 from .model.op import ModelError, f32
-from .model.tasks import Border, ModelTask, Occurrence, extract_tasks
+from .model.tasks import ModelTask, Occurrence, extract_tasks
 from .reference import compare
 from .schedule import Schedule
 from .te import Computation
@@ -189,7 +189,8 @@ class CompiledModel:
         for k, (occ, task) in enumerate(steps):
             for value in occ.outputs.values():
                 border = occ.borders.get(value)
-                size = max(math.prod(_bordered(self.model.shape(value), border)), 1)
+                shape = self.model.shape(value)
+                size = max(math.prod(bordered_shape(shape, border) if border else shape), 1)
                 # A bordered value's buffer is its own: zeroed here, its border never written.
                 fits = [] if value in self.model.outputs or border else [
                     j for j, b in enumerate(free) if b.size >= size]
@@ -352,12 +353,6 @@ class CompiledModel:
             alone = Chain([(kernel, arrays)], prepared=True)
             medians[name] = _median_seconds(alone, repeats, warmup)
         return medians
-
-
-def _bordered(shape: tuple[int, ...], border: Border | None) -> tuple[int, ...]:
-    if not border:
-        return shape
-    return tuple(d + before + after for d, (before, after) in zip(shape, border))
 
 
 def _median_seconds(call: Callable[[], object], repeats: int, warmup: int) -> float:

@@ -342,7 +342,16 @@ def map_nodes(nodes: tuple[Node, ...],
     return tuple(out)
 
 
-def embedded(prog: Program, buffer: str, border: tuple[tuple[int, int], ...]) -> Program:
+# Elements (before, after) around a buffer in each of its dimensions.
+Border = tuple[tuple[int, int], ...]
+
+
+def bordered_shape(shape: tuple[int, ...], border: Border) -> tuple[int, ...]:
+    """`shape` with `border` around it."""
+    return tuple(d + before + after for d, (before, after) in zip(shape, border))
+
+
+def embedded(prog: Program, buffer: str, border: Border) -> Program:
     """The program writing and reading `buffer` inside a larger one: `border` gives, per
     dimension, the elements (before, after) around it, and every index into it is moved by the
     `before`s. What lies in the border is never touched, so a caller that zeroes it once has the
@@ -368,9 +377,8 @@ def embedded(prog: Program, buffer: str, border: tuple[tuple[int, int], ...]) ->
         return replace(n, value=value,
                        indices=moved(n.indices) if n.buffer == buffer else n.indices)
 
-    buffers = tuple(replace(b, shape=tuple(d + before + after for d, (before, after)
-                                           in zip(b.shape, border)))
-                    if b.name == buffer else b for b in prog.buffers)
+    buffers = tuple(replace(b, shape=bordered_shape(b.shape, border)) if b.name == buffer else b
+                    for b in prog.buffers)
     return prog.with_body(map_nodes(prog.body, node), buffers)
 
 

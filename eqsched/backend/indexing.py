@@ -304,11 +304,16 @@ def decided(c: Cmp, over_loops: Callable[[Expr], Expr], ranges: Ranges) -> bool 
             return False
         return True if x and y else None
     try:
-        diff = to_affine(over_loops(c.a), ranges) + to_affine(over_loops(c.b), ranges).scale(-1)
-        lo, hi = diff.bounds(ranges)
+        lo, hi = difference(c, over_loops, ranges).bounds(ranges)
     except AffineError:
         return None
     return compared(c.op, lo, hi)
+
+
+def difference(c: Cmp, over_loops: Callable[[Expr], Expr], ranges: Ranges) -> Affine:
+    """A comparison's left side less its right, over the loop variables (AffineError when it is
+    not affine)."""
+    return to_affine(over_loops(c.a), ranges) + to_affine(over_loops(c.b), ranges).scale(-1)
 
 
 def compared(op: str, lo: int, hi: int) -> bool | None:

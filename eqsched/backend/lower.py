@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ..affine import Affine, AffineError, to_affine
+from ..affine import Affine, AffineError
 from ..expr import BinOp, Call, Cmp, Const, Expr, Load, Select, substitute, walk
 from ..ir import Alloc, Block, Loop, LoopKind, Node, Program, Scope, parallel_nest
+from ..ir import walk as walk_nodes
 from ..legality import loop_binding
 from .errors import BackendError
-from .indexing import Indexer, Lanes, compared
+from .indexing import Indexer, Lanes, compared, difference
 from .mathlib import F32, I32, MathEmitter, broadcast, declare, same_shape
 from .transpose import emit as emit_transposes
 from .transpose import transposed, transposes_runs, transposing_copy
@@ -280,17 +281,18 @@ class _FunctionEmitter:
         function of the loop's variable: (op, its coefficient, the bounds of the rest over the
         loops around and the whole ranges of the loops inside)."""
         tests = []
-        for blk, inner in _blocks_with_loops(loop.body, ()):
-            selects = [e for e in walk(blk.value) if isinstance(e, Select)]
+        for blk, path in walk_nodes(loop.body):
+            selects = [e for e in walk(blk.value) if isinstance(e, Select)] \
+                if type(blk) is Block else []
             if not selects:
                 continue
             axes = {bd.axis: bd.expr() for bd in blk.bindings}
             ranges = dict(self.ix.ranges)
-            ranges.update({lp.name: (0, lp.extent - 1) for lp in (loop, *inner)})
+            ranges.update({lp.name: (0, lp.extent - 1) for lp in (loop, *path)
+                           if isinstance(lp, Loop)})
             for atom in (a for e in selects for a in _comparisons(e.cond)):
                 try:
-                    diff = to_affine(substitute(atom.a, axes), ranges) \
-                        + to_affine(substitute(atom.b, axes), ranges).scale(-1)
+                    diff = difference(atom, lambda side: substitute(side, axes), ranges)
                     rest = Affine.of({v: c for v, c in diff.terms if v != loop.name}, diff.const)
                     lo, hi = rest.bounds(ranges)
                 except AffineError:
@@ -936,18 +938,6 @@ def _packed_entry(module: ir.Module, chunk: ir.Function, name: str) -> None:
                        typ=PTR) for i in range(len(chunk.args) - 2)]
     b.call(chunk, [*pointers, lo, hi])
     b.ret_void()
-
-
-def _blocks_with_loops(nodes: tuple[Node, ...], around: tuple[Loop, ...]
-                       ) -> list[tuple[Block, tuple[Loop, ...]]]:
-    """Each block in `nodes` with the loops around it there."""
-    out: list[tuple[Block, tuple[Loop, ...]]] = []
-    for n in nodes:
-        if isinstance(n, Block):
-            out.append((n, around))
-        else:
-            out += _blocks_with_loops(n.body, around + ((n,) if isinstance(n, Loop) else ()))
-    return out
 
 
 def _comparisons(c: Expr) -> list[Cmp]:

@@ -41,14 +41,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..expr import Expr, Load, loads, to_str, transform
+from ..ir import Border, bordered_shape
 from ..te import Computation, Stage, Tensor
 from .elementwise import Binary, ScaleShift, Unary
 from .graph import Model, Node
 from .layout import Inside
 from .linear import Conv
-
-# Elements (before, after) around a stored value in each of its dimensions.
-Border = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -213,8 +211,7 @@ def _reading_padded(model: Model, groups: Sequence[tuple[str, ...]],
                 nodes.append(Node(name, Inside(borders[v]), (v,), model.shape(v)))
                 members[group[n.name]].insert(0, name)
         nodes.append(replace(n, inputs=tuple(inside.get(v, v) for v in n.inputs)))
-    shapes.update({v: tuple(d + a + b for d, (a, b) in zip(model.shape(v), border))
-                   for v, border in borders.items()})
+    shapes.update({v: bordered_shape(model.shape(v), border) for v, border in borders.items()})
     order = {n.name: k for k, n in enumerate(nodes)}
     return (replace(model, nodes=tuple(nodes), _shapes=shapes),
             [tuple(sorted(m, key=order.__getitem__)) for m in members])
