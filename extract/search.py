@@ -71,7 +71,7 @@ from eqsched.egraph.term import (
     symbols,
     walk,
 )
-from eqsched.expr import Const, Var, loads
+from eqsched.expr import Const, Select, Var, loads
 from eqsched.ir import Block, Loop, LoopKind, Program, Scope
 from eqsched.schedule import ScheduleError
 
@@ -98,6 +98,7 @@ SKETCH_NICHE = 2  # of each sketch's best kept among the parents and the pool (_
 # Programs of one kernel (`Candidate.kernel`) a run measures before its other twins wait until
 # every other fresh program of a round has been proposed.
 TWINS_MEASURED = 2
+PROBE_MISSES = 2  # probes in a row that missed the measured top before a search stops probing
 ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
 # Per top-level statement, in program order: its walk's slots and the groups it loops over.
 Statements = tuple[tuple[tuple[Slot, ...], frozenset[str]], ...]
@@ -214,6 +215,10 @@ class EvolutionarySearch:
         self._epilogue_twins: dict[str, Candidate | None] = {}  # likewise
         self._packed_twins: dict[str, list[Candidate]] = {}  # likewise
         self._proposed: Counter[tuple] = Counter()  # kernel -> its programs proposed so far
+        self._probed: set[str] = set()  # elites whose probes were made
+        self._probes_made: list[tuple[str, int]] = []  # (probe's hash, round), not yet judged
+        self._probe_misses = 0  # probes in a row that missed the measured top
+        self._round = 0  # rounds proposed
 
     # ---- candidates -------------------------------------------------------------------------
 
@@ -679,19 +684,7 @@ class EvolutionarySearch:
         uniform draw the inlined forms are rare: each intermediate's own nest multiplies the
         programs that keep it (none of 150 draws of the ResNet block's first task inlined its
         scale-shift), and a single mutation cannot both drop a nest and fuse another."""
-        term = cand.term
-        body, inlined = list(term.body), list(term.inlined)
-        for index in reversed(range(len(body))):
-            names = _block_names(body[index])
-            (name,) = names if len(names) == 1 else ("",)
-            if name in self._epilogue_stages and name not in inlined:
-                trial = dataclasses.replace(term, body=tuple(body[:index] + body[index + 1:]),
-                                            inlined=tuple(sorted(
-                                                [*inlined, name], key=self._stage_order)))
-                if self._holds(trial, cand.sizes):
-                    del body[index]
-                    inlined = list(trial.inlined)
-        term = dataclasses.replace(term, body=tuple(body), inlined=tuple(inlined))
+        term = self._inlined(cand.term, self._epilogue_stages, cand.sizes)
         for index in range(len(term.body) - 1):
             fused = self._fused_into(term, index, cand.sizes)
             if fused is not None:
@@ -700,6 +693,59 @@ class EvolutionarySearch:
         if term == cand.term:  # each step above kept a term the space holds
             return None
         return self._grow(self.space.picks_for(term), _assignment(_sizes_of(term, cand.sizes)))
+
+    def padding_inlined(self, cand: Candidate) -> Candidate | None:
+        """The candidate with each padding it writes in a nest of its own read instead where
+        its reduction reads it (a select of the input in the kernel, whose border steps the
+        backend peels off), sizes kept; None when the space has no such program. Whether
+        that beats the pass over memory that the copy costs depends on how the backend cuts
+        the loops around the border and on the tile, which the cost model does not see: this
+        twin is one of the `probes`, measured whatever the model predicts."""
+        term = self._inlined(cand.term, self._padding_stages, cand.sizes)
+        if term == cand.term:
+            return None
+        twin = self._grow(self.space.picks_for(term), _assignment(_sizes_of(term, cand.sizes)))
+        return twin if twin is not None and twin.term == term else None
+
+    def probes(self, elites: list[Candidate], exclude: set[str]) -> list[Candidate]:
+        """Twins of the best measured program that measurement decides, not the model: its
+        `padding_inlined` twin, once for each program that is best when a round begins. The
+        analytic model charges a select's tests in every step of its loops, and the backend
+        leaves them only at the border; a model told so moved its rankings elsewhere (AVX2
+        convolutions explored to two thirds of their rate, docs/ARCHITECTURE.md §17.7), and
+        a uniform draw almost never inlines a stage, so without a probe the search would
+        never measure the form. Where the form does not pay (PROBE_MISSES probes in a row
+        missed the measured top `elites` two rounds later, when they have been measured
+        even with a round in flight), the search stops probing."""
+        self._round += 1
+        top = {c.hash for c in elites}
+        for made in [m for m in self._probes_made if m[1] <= self._round - 2]:
+            self._probes_made.remove(made)
+            self._probe_misses = 0 if made[0] in top else self._probe_misses + 1
+        if not elites or elites[0].hash in self._probed or self._probe_misses >= PROBE_MISSES:
+            return []
+        self._probed.add(elites[0].hash)
+        twin = self.padding_inlined(elites[0])
+        if twin is None or twin.hash in exclude or not self._verified(twin):
+            return []
+        self._probes_made.append((twin.hash, self._round))
+        return [twin]
+
+    def _inlined(self, term: Term, stages: frozenset[str], sizes: Sizes) -> Term:
+        """`term` with each root nest that computes one stage of `stages` alone dropped and the
+        stage inlined into its readers, where the space has that program."""
+        body, inlined = list(term.body), list(term.inlined)
+        for index in reversed(range(len(body))):
+            names = _block_names(body[index])
+            (name,) = names if len(names) == 1 else ("",)
+            if name in stages and name not in inlined:
+                trial = dataclasses.replace(term, body=tuple(body[:index] + body[index + 1:]),
+                                            inlined=tuple(sorted(
+                                                [*inlined, name], key=self._stage_order)))
+                if self._holds(trial, sizes):
+                    del body[index]
+                    inlined = list(trial.inlined)
+        return dataclasses.replace(term, body=tuple(body), inlined=tuple(inlined))
 
     def _packed_twins_of(self, parents: list[Candidate]) -> list[Candidate]:
         """Each parent's `packed` twins (made once a round, as the vector twins)."""
@@ -755,17 +801,35 @@ class EvolutionarySearch:
         stages, and that no reduction reads: not a convolution's padding, nor mm_exp_mm's exp,
         whose readers would compute them again for every point that reads them."""
         facts = self.space.facts
-        plain = {b for b, blk in facts.blocks.items() if blk.reduce is None and blk.stage == b}
+        plain = self._plain_stages
         found = {w for w, _, _ in facts.elementwise if w not in plain}
         while True:
             more = {r for w, r, _ in facts.elementwise if w in found and r in plain} - found
             if not more:
                 break
             found |= more
-        reduced = {b for b in plain if any(ld.buffer == facts.blocks[b].buffer
-                                           for blk in facts.blocks.values() if blk.reduce
-                                           for ld in loads(blk.value))}
-        return frozenset((found & plain) - reduced)
+        return frozenset((found & plain) - self._reduced_stages)
+
+    @functools.cached_property
+    def _padding_stages(self) -> frozenset[str]:
+        """Plain stages that a reduction reads and that select between a load and a constant:
+        a convolution's padding, whose inlined form loads the input only inside the border."""
+        facts = self.space.facts
+        return frozenset(b for b in self._reduced_stages
+                         if isinstance(facts.blocks[b].value, Select))
+
+    @functools.cached_property
+    def _plain_stages(self) -> frozenset[str]:
+        """Stages of one block that reduce nothing."""
+        return frozenset(b for b, blk in self.space.facts.blocks.items()
+                         if blk.reduce is None and blk.stage == b)
+
+    @functools.cached_property
+    def _reduced_stages(self) -> frozenset[str]:
+        """Plain stages whose buffer a reduction reads."""
+        blocks = self.space.facts.blocks
+        read = {ld.buffer for blk in blocks.values() if blk.reduce for ld in loads(blk.value)}
+        return frozenset(b for b in self._plain_stages if blocks[b].buffer in read)
 
     @functools.cached_property
     def _stage_order(self) -> Callable[[str], int]:
@@ -861,19 +925,25 @@ class EvolutionarySearch:
 
     def propose(self, k: int, exclude: Iterable[str] = (),
                 elites: Iterable[Candidate] = ()) -> list[tuple[Candidate, float]]:
-        """Up to `k` (candidate, predicted seconds) the caller has not measured (`exclude`),
-        best predicted first but a kernel's twins after every other kernel (`_twins_apart`),
-        with about `random_fraction` of them random picks. Fewer than
+        """Up to `k` (candidate, predicted seconds) the caller has not measured (`exclude`):
+        the `probes` of the best of `elites` (measured programs, best first), then the best
+        predicted but a kernel's twins after every other kernel (`_twins_apart`), with about
+        `random_fraction` of them random picks. Fewer than
         `k` only when the search ran out of untried programs; `exhausted` then says why."""
-        excluded = set(exclude)
+        excluded, elites = set(exclude), list(elites)
         known: dict[str, float] = {}  # the model does not change within a round
         if self._count() <= self.whole_space:
             ranked = self.rank(self.every_candidate(), known)
         else:
-            ranked = self._evolved(list(elites), k, known)
+            ranked = self._evolved(elites, k, known)
+        chosen = self.rank(self.probes(elites, excluded)[:k], known)
+        excluded |= {c.hash for c, _ in chosen}
         fresh, twins = self._twins_apart([(c, s) for c, s in ranked if c.hash not in excluded])
-        n_random = min(len(fresh) + len(twins), round(k * self.random_fraction)) if k > 1 else 0
-        chosen, used = self._verified_prefix(fresh + twins, k - n_random)
+        left = k - len(chosen)
+        n_random = min(len(fresh) + len(twins), round(left * self.random_fraction)) \
+            if left > 1 else 0
+        best, used = self._verified_prefix(fresh + twins, left - n_random)
+        chosen += best
         rest = fresh[used:]
         shuffled = self.rng.sample(rest, len(rest)) + twins[max(0, used - len(fresh)):]
         chosen += self._verified_prefix(shuffled, k - len(chosen))[0]

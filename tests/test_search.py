@@ -747,6 +747,94 @@ def test_an_epilogue_twin_inlines_the_scale_shift_and_fuses_the_relu_into_the_ti
     assert not any("D" in search.random_candidate().term.inlined for _ in range(60))
 
 
+@pytest.fixture(scope="module")
+def padded_conv():
+    """A small convolution that pads its input: `Xpad` selects between X and zero."""
+    comp = get_workload("conv2d_nchw").build(1, 4, 6, 6, 8, 3, 3, 1, 1)
+    return build_space(naive_program(comp), default_rules())
+
+
+def _padding_twins(search, draws=80):
+    """(candidate, its padding twin) for each draw that has one."""
+    for _ in range(draws):
+        cand = search.random_candidate()
+        twin = search.padding_inlined(cand)
+        if twin is not None:
+            yield cand, twin
+
+
+def test_a_padding_twin_reads_the_input_in_the_convolution_with_the_same_sizes(padded_conv):
+    search = EvolutionarySearch(padded_conv, FewestScalarIterations(), seed=2)
+    comp = padded_conv.naive.computation
+    inputs = random_inputs(comp, 0)
+    expected = reference(comp, inputs)
+    made = 0
+    for cand, twin in _padding_twins(search):
+        assert padded_conv.contains(twin.term, twin.sizes)
+        assert "Xpad" not in cand.term.inlined and "Xpad" in twin.term.inlined
+        assert twin.sizes == {k: v for k, v in cand.sizes.items() if k in twin.sizes}
+        assert "Xpad" not in {blk.name for blk in twin.program.blocks()}
+        assert search.padding_inlined(twin) is None  # nothing left to inline
+        if made < 3:
+            ok, _, message = compare(compile_program(twin.program).run(inputs), expected,
+                                     tolerance(comp))
+            assert ok, message
+        made += 1
+    assert made >= 3
+    # The epilogue twin leaves a padding alone: its readers recompute it.
+    cand = next(cand for cand, _ in _padding_twins(search))
+    epilogue = search.epilogue_fused(cand)
+    assert epilogue is None or "Xpad" not in epilogue.term.inlined
+
+
+class PaddingLast(FewestScalarIterations):
+    """Ranks every program that reads the input through a select below every other."""
+
+    name = "test-padding-last"
+
+    def predict(self, programs):
+        scores = super().predict(programs)
+        inlined = [not any(blk.name == "Xpad" for blk in p.blocks()) for p in programs]
+        return scores + np.where(inlined, 1e9, 0.0)
+
+
+def test_the_search_measures_the_best_programs_padding_twin_whatever_the_model_says(
+        padded_conv):
+    search = EvolutionarySearch(padded_conv, PaddingLast(), seed=3, population=32,
+                                generations=1, max_generations=1)
+    best, twin = next(_padding_twins(search))
+    batch = search.propose(4, elites=[best])
+    assert len(batch) == 4 and batch[0][0].hash == twin.hash
+    assert batch[0][1] > 1e9  # predicted the slowest, measured all the same
+    assert all("Xpad" not in c.term.inlined for c, _ in batch[1:])  # the model ranks the rest
+    # Once per best program: not again while it stays the best, nor when already measured.
+    again = search.propose(4, exclude=[c.hash for c, _ in batch], elites=[best])
+    assert twin.hash not in {c.hash for c, _ in again}
+    fresh = EvolutionarySearch(padded_conv, PaddingLast(), seed=3, population=32,
+                               generations=1, max_generations=1)
+    measured = fresh.propose(4, exclude=[twin.hash], elites=[best])
+    assert twin.hash not in {c.hash for c, _ in measured}
+
+
+def test_the_search_stops_probing_after_probes_that_miss_the_measured_top(padded_conv):
+    search = EvolutionarySearch(padded_conv, PaddingLast(), seed=4, population=32,
+                                generations=1, max_generations=1)
+    pairs = list(_padding_twins(search, draws=200))
+    bests = list({cand.hash: cand for cand, _ in pairs}.values())[:5]
+    assert len(bests) == 5
+
+    def probed(best, top=()):  # a round whose measured top is `best` and `top`
+        return [c for c, _ in search.propose(2, elites=[best, *top])
+                if "Xpad" in c.term.inlined and "Xpad" not in best.term.inlined]
+
+    first = probed(bests[0])
+    assert len(first) == 1 and len(probed(bests[1])) == 1
+    # Two rounds on, the first probe is judged: in the measured top, so probing goes on.
+    assert len(probed(bests[2], top=first)) == 1
+    assert len(probed(bests[3])) == 1  # the second probe missed: one miss
+    assert len(probed(bests[4])) == 0  # the third missed too: no more probes
+
+
 def _blocks_under(loop):
     return [n for n, _ in walk_nodes(loop.body) if isinstance(n, Block)]
 
