@@ -98,7 +98,7 @@ SKETCH_NICHE = 2  # of each sketch's best kept among the parents and the pool (_
 # Programs of one kernel (`Candidate.kernel`) a run measures before its other twins wait until
 # every other fresh program of a round has been proposed.
 TWINS_MEASURED = 2
-PROBE_MISSES = 2  # probes in a row that missed the measured top before a search stops probing
+PROBE_MISSES = 2  # probes in a row slower than their parents before a search stops probing
 ROOT_LIST_OPS = frozenset({"rcons", "rnil", "inlined", "packed"})
 # Per top-level statement, in program order: its walk's slots and the groups it loops over.
 Statements = tuple[tuple[tuple[Slot, ...], frozenset[str]], ...]
@@ -216,8 +216,9 @@ class EvolutionarySearch:
         self._packed_twins: dict[str, list[Candidate]] = {}  # likewise
         self._proposed: Counter[tuple] = Counter()  # kernel -> its programs proposed so far
         self._probed: set[str] = set()  # elites whose probes were made
-        self._probes_made: list[tuple[str, int]] = []  # (probe's hash, round), not yet judged
-        self._probe_misses = 0  # probes in a row that missed the measured top
+        # (probe's hash, its parent's, round made), not yet judged
+        self._probes_made: list[tuple[str, str, int]] = []
+        self._probe_misses = 0  # probes in a row measured slower than their parents
         self._round = 0  # rounds proposed
 
     # ---- candidates -------------------------------------------------------------------------
@@ -714,21 +715,30 @@ class EvolutionarySearch:
         leaves them only at the border; a model told so moved its rankings elsewhere (AVX2
         convolutions explored to two thirds of their rate, docs/ARCHITECTURE.md §17.7), and
         a uniform draw almost never inlines a stage, so without a probe the search would
-        never measure the form. Where the form does not pay (PROBE_MISSES probes in a row
-        missed the measured top `elites` two rounds later, when they have been measured
-        even with a round in flight), the search stops probing."""
+        never measure the form. A probe is judged against its parent two rounds later (by
+        then both are measured, even with a round in flight), by their places in the
+        measured top `elites`: ahead of its parent, it paid; behind it, a miss; with both out
+        of the top (better programs came meanwhile), undecided. Judged against the measured
+        top instead, the twin of a best found early, itself far from the top, missed whether
+        the form paid or not, and probing stopped before the tile that it would have paid
+        for was found. Where the form does not pay (PROBE_MISSES misses in a row), the
+        search stops probing."""
         self._round += 1
-        top = {c.hash for c in elites}
-        for made in [m for m in self._probes_made if m[1] <= self._round - 2]:
+        place = {c.hash: i for i, c in enumerate(elites)}
+        for made in [m for m in self._probes_made if m[2] <= self._round - 2]:
             self._probes_made.remove(made)
-            self._probe_misses = 0 if made[0] in top else self._probe_misses + 1
+            probe, parent = (place.get(h, len(elites)) for h in made[:2])
+            if probe < parent:
+                self._probe_misses = 0
+            elif parent < probe:
+                self._probe_misses += 1
         if not elites or elites[0].hash in self._probed or self._probe_misses >= PROBE_MISSES:
             return []
         self._probed.add(elites[0].hash)
         twin = self.padding_inlined(elites[0])
         if twin is None or twin.hash in exclude or not self._verified(twin):
             return []
-        self._probes_made.append((twin.hash, self._round))
+        self._probes_made.append((twin.hash, elites[0].hash, self._round))
         return [twin]
 
     def _inlined(self, term: Term, stages: frozenset[str], sizes: Sizes) -> Term:

@@ -816,12 +816,12 @@ def test_the_search_measures_the_best_programs_padding_twin_whatever_the_model_s
     assert twin.hash not in {c.hash for c, _ in measured}
 
 
-def test_the_search_stops_probing_after_probes_that_miss_the_measured_top(padded_conv):
+def test_the_search_stops_probing_after_probes_measured_slower_than_their_parents(padded_conv):
     search = EvolutionarySearch(padded_conv, PaddingLast(), seed=4, population=32,
                                 generations=1, max_generations=1)
-    pairs = list(_padding_twins(search, draws=200))
-    bests = list({cand.hash: cand for cand, _ in pairs}.values())[:5]
-    assert len(bests) == 5
+    pairs = list(_padding_twins(search, draws=300))
+    bests = list({cand.hash: cand for cand, _ in pairs}.values())[:6]
+    assert len(bests) == 6
 
     def probed(best, top=()):  # a round whose measured top is `best` and `top`
         return [c for c, _ in search.propose(2, elites=[best, *top])
@@ -829,10 +829,13 @@ def test_the_search_stops_probing_after_probes_that_miss_the_measured_top(padded
 
     first = probed(bests[0])
     assert len(first) == 1 and len(probed(bests[1])) == 1
-    # Two rounds on, the first probe is judged: in the measured top, so probing goes on.
+    # Two rounds on, a probe is judged against its parent: the first in the measured top
+    # with its parent out of it paid, so probing goes on.
     assert len(probed(bests[2], top=first)) == 1
-    assert len(probed(bests[3])) == 1  # the second probe missed: one miss
-    assert len(probed(bests[4])) == 0  # the third missed too: no more probes
+    # The second probe and its parent both out of the top: undecided, not a miss.
+    assert len(probed(bests[3])) == 1
+    assert len(probed(bests[4], top=[bests[2]])) == 1  # the third behind its parent: a miss
+    assert len(probed(bests[5], top=[bests[3]])) == 0  # the fourth too: no more probes
 
 
 def _blocks_under(loop):
