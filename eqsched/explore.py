@@ -265,10 +265,13 @@ class TaskTuner:
     `key` is the (workload, size) its measurements are stored under: a registered workload's
     for `explore`, else `computation_key(computation)`. `trials` is the budget the run is
     recorded with (explore's whole budget, which `batch` compares to skip a job already done);
-    None for a run whose caller decides it slice by slice. Stepped in slices, a run proposes the
-    first round of a slice after learning from the last round of the one before (in one call
-    that round is searched while the last is measured); given the same slices and database it
-    walks the same path, and a re-run measures nothing new. `measure_default`: the
+    None for a run whose caller decides it slice by slice. Within one call, each round is
+    searched while the one before is measured. `search_ahead`, for a caller that will call
+    again (a task scheduler): the round after a call's last is searched too while that one is
+    measured, and the next call starts with it; a run stepped in whole rounds then proposes what
+    one call proposes. Without it, a call's first round is searched after the last round of the
+    one before was learned from, while nothing is measured. Given the same slices and database a
+    run walks the same path, and a re-run measures nothing new. `measure_default`: the
     computation's `default_schedule` is the run's first trial (round 0, counted in the budget),
     so its best is never slower than what the computation runs untuned; task tuning asks for it,
     `explore` does not (its result is what the space found). All calls must come from one
@@ -283,7 +286,7 @@ class TaskTuner:
                  jobs: int = 1, population: int = POPULATION, settings: Settings | None = None,
                  target: str | Target | None = None, measure_naive: bool = True,
                  measure_default: bool = False, progress: Progress | None = None,
-                 related: Sequence[Computation] = ()):
+                 related: Sequence[Computation] = (), search_ahead: bool = False):
         from .rules import resolve
 
         self.budget = _Budget(0, None if seconds is None else check_seconds(seconds), batch,
@@ -324,6 +327,7 @@ class TaskTuner:
         self.naive = naive_program(computation)
         self.settings, self.seed, self.limits, self.jobs = settings, seed, limits, jobs
         self.measure_naive, self.measure_default = measure_naive, measure_default
+        self.search_ahead = search_ahead
         self.result = ExploreResult(
             workload, list(size), seed, self.model.name, [r.name for r in self.rules], budget,
             target=settings.target,
@@ -430,7 +434,8 @@ class TaskTuner:
         measurer = Measurer(self.database, self.result.workload, self.result.size, self.naive,
                             self.settings, self.result.run_id, gate, self.jobs)
         run = _Exploration(self.result, self.model, search, measurer, self.budget,
-                           self.facts["peak_gflops_per_core"], self.jobs, self.say)
+                           self.facts["peak_gflops_per_core"], self.jobs, self.say,
+                           self.search_ahead)
         if self.measure_naive:
             run.measure_naive()
         if self.measure_default and not self.result.interrupted:
@@ -537,10 +542,14 @@ class _Exploration:
 
     def __init__(self, result: ExploreResult, model: CostModel, search: EvolutionarySearch,
                  measurer: Measurer, budget: _Budget, peak_gflops_per_core: float, jobs: int,
-                 say: Progress):
+                 say: Progress, search_ahead: bool = False):
         self.result, self.model, self.search, self.measurer = result, model, search, measurer
         self.budget, self.peak_gflops_per_core, self.jobs, self.say = (
             budget, peak_gflops_per_core, jobs, say)
+        # With `search_ahead`, the round after a step's last is searched while that one is
+        # measured, as between two rounds of one step, and kept for the next step.
+        self.search_ahead = search_ahead
+        self.ahead: list[tuple[Candidate, float]] | None = None
         self.tried: set[str] = set()  # every candidate proposed so far (hashes)
         self.ranked: list[Candidate | Baseline] = []  # measured correct ones, fastest first
         self.elites: list[Candidate] = []  # those the search proposed: it breeds from them
@@ -650,13 +659,22 @@ class _Exploration:
         return self.search.exhausted
 
     def next_batch(self, planned: int) -> list[tuple[Candidate, float]]:
-        """The next round's proposals, with `planned` trials not yet in the result."""
-        left = self.budget.trials - len(self.result.trials) - planned
-        if left <= 0 or self.budget.out_of_time():
+        """The next round's proposals, with `planned` trials not yet in the result. Past the
+        budget, with `search_ahead`, a whole round is searched and kept for the next step
+        (`ahead`), which starts with as much of it as its budget takes."""
+        if self.budget.out_of_time():
             return []
+        left = self.budget.trials - len(self.result.trials) - planned
+        if not planned and self.ahead is not None:
+            ahead, self.ahead = self.ahead, None
+            return ahead[:max(left, 0)]
+        if left <= 0 and planned and self.search_ahead:
+            self.ahead = self.propose(self.budget.batch)
+        return self.propose(min(self.budget.batch, left)) if left > 0 else []
+
+    def propose(self, k: int) -> list[tuple[Candidate, float]]:
         with self.measurer.gate.searching():
-            return self.search.propose(min(self.budget.batch, left), exclude=self.tried,
-                                       elites=self.elites[:8])
+            return self.search.propose(k, exclude=self.tried, elites=self.elites[:8])
 
     def measure_round(self, proposed: list[tuple[Candidate, float]], round_index: int,
                       into: list[Trial]) -> None:

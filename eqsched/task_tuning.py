@@ -8,7 +8,9 @@ next slice of trials, each task's exploration goes on where its last slice stopp
 
 A task is a `te.Computation` made at run time (a fused subgraph of a model) with a weight (how
 many times the model runs it); it is explored by an `explore.TaskTuner`, which saturates once and
-is stepped `slice_trials` at a time, and stored under `explore.computation_key` (its name and its
+is stepped `slice_trials` at a time (searching a slice's next round while its last is
+measured, as between two rounds of one slice: a slice would otherwise wait for its first round's
+search), and stored under `explore.computation_key` (its name and its
 naive program's hash), so two different computations of one name never share measurements and a
 task measured once is looked up, never measured again. A task's first trial is its default
 schedule (`default_schedule`, what a compiled model runs for a task never tuned), so its best is
@@ -208,7 +210,8 @@ def tune_tasks(tasks: Sequence[Task], trials: int, *,
                 population=population, settings=settings,
                 target=target, measure_naive=False, measure_default=True,
                 progress=lambda event, data: say(event, {**data, "task": name}),
-                related=[t.computation for j, t in enumerate(tasks) if j != i])
+                related=[t.computation for j, t in enumerate(tasks) if j != i],
+                search_ahead=True)
         return tuners[i]
 
     try:

@@ -165,6 +165,32 @@ def test_a_tuner_stepped_in_slices_saturates_once_and_a_rerun_measures_nothing(t
     assert [t.program_hash for t in again.trials] == [t.program_hash for t in result.trials]
 
 
+def test_a_tuner_stepped_with_search_ahead_proposes_what_one_call_proposes(tmp_path):
+    db = tmp_path / "x.db"
+    matmul = get_workload("matmul").build(*SIZE)
+
+    def tuner(search_ahead: bool) -> TaskTuner:
+        return TaskTuner(matmul, key=("matmul", list(SIZE)), db=db, cost_model="random",
+                         batch=4, settings=FAST, measure_naive=False, search_ahead=search_ahead)
+
+    def hashes(result) -> list[str]:
+        return [t.program_hash for t in result.trials]
+
+    one = tuner(search_ahead=False)
+    one.tune(12)
+    whole = one.close()
+    ahead = tuner(search_ahead=True)
+    for _ in range(3):
+        ahead.tune(4)
+    stepped = ahead.close()
+    assert stepped.measured == 0 and hashes(stepped) == hashes(whole)
+    # Without it, a slice's first round is searched after the last round was learned from.
+    alone = tuner(search_ahead=False)
+    for _ in range(3):
+        alone.tune(4)
+    assert hashes(alone.close()) != hashes(whole)
+
+
 def test_a_tuner_asked_for_the_default_schedule_measures_it_first_within_its_budget(tmp_path):
     comp, db = row_scale(8, 32), tmp_path / "x.db"
     default = default_schedule(comp, FAST.options().target.vector_lanes)
