@@ -53,7 +53,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import os
 import re
 import threading
 import time
@@ -99,7 +98,7 @@ POPULATION = EvolutionarySearch.__init__.__kwdefaults__["population"]
 # (docs/ARCHITECTURE.md §17.3).
 SETTLED_SHARE = 0.9
 __all__ = ["DEFAULT_DB", "ExploreError", "ExploreResult", "Progress", "Round", "Settings",
-           "TaskTuner", "Trial", "computation_key", "explore", "search_beside_measuring"]
+           "TaskTuner", "Trial", "computation_key", "explore"]
 
 
 class ExploreError(RuntimeError):
@@ -528,15 +527,6 @@ def _search(space: Space, model: CostModel, seed: int, gate: TimingGate,
         settled_s=space.naive.computation.flops / (settled_gflops * 1e9))
 
 
-def search_beside_measuring(jobs: int, threads: int) -> bool:
-    """Whether a round is searched while the last one is measured: only when `jobs` measuring
-    at once, each on up to `threads` cores, leave a core free. The search waits while a
-    candidate is timed, but a unit of its work begun before may run into the timing; on the
-    only free core that is harmless, on one of a parallel program's cores it stalls a chunk,
-    and the whole call waits for it (a two-thread conv2d timed slower than one thread)."""
-    return jobs * threads < (os.cpu_count() or 1)
-
-
 class _Exploration:
     """One run of `explore`: its search, measurer and result, and what it learned so far."""
 
@@ -556,9 +546,9 @@ class _Exploration:
         self.times_of: dict[str, float] = {}
         self.best: Candidate | Baseline | None = None  # the candidate of result.best
         # While a round is measured (in worker processes) the next one is searched, so round
-        # r + 1 is ranked with what rounds up to r - 1 taught the model. The search waits instead
-        # when every core already measures; the proposals are the same either way.
-        self.overlap = search_beside_measuring(jobs, measurer.settings.options().thread_count)
+        # r + 1 is ranked with what rounds up to r - 1 taught the model. The search stops while
+        # a candidate is timed (`TimingGate`), so it shares the cores with compiling and checking
+        # only, even when a parallel program's timing takes them all.
         # The measuring threads of one `step`, ended with it (a stepped run waits between
         # slices with none alive).
         self.pool: ThreadPoolExecutor | None = None
@@ -634,8 +624,6 @@ class _Exploration:
             self.tried |= {c.hash for c, _ in self.proposed}
             flight = self.measuring.submit(self.measure_round, self.proposed, self.round_index,
                                            self.done)
-            if not self.overlap:
-                flight.result()
             upcoming = self.next_batch(len(self.proposed))
             flight.result()
             self.close_round(whole=True)

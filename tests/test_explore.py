@@ -22,7 +22,6 @@ from eqsched.explore import (
     check_seconds,
     computation_key,
     explore,
-    search_beside_measuring,
 )
 from eqsched.extract.learned import LearnedModel
 from eqsched.ir import naive_program
@@ -118,16 +117,6 @@ def test_a_rerun_with_the_same_seed_and_database_measures_nothing_new(explored, 
     # The same finalists; which wins their fresh side-by-side timing is the machine's noise
     # when they run within a few percent of each other.
     assert [f["hash"] for f in again.finalists] == [f["hash"] for f in first.finalists]
-
-
-def test_searching_while_measuring_proposes_what_searching_after_would(tmp_path, monkeypatch):
-    db = tmp_path / "x.db"
-    monkeypatch.setattr("os.cpu_count", lambda: 4)  # one measuring job leaves cores to search
-    overlapped = run(db, trials=12)
-    monkeypatch.setattr("os.cpu_count", lambda: 1)  # the search waits for the measurements
-    waited = run(db, trials=12)
-    assert waited.measured == 0
-    assert [t.program_hash for t in waited.trials] == [t.program_hash for t in overlapped.trials]
 
 
 def row_scale(rows: int, cols: int) -> Computation:
@@ -245,13 +234,6 @@ def test_the_first_round_settles_at_a_share_of_the_calibrated_peak_of_its_cores(
     flops = naive_program(get_workload("matmul").build(*SIZE)).computation.flops
     assert built.value.args[0] == flops / (explore_module.SETTLED_SHARE * threads
                                            * machine_model().peak_gflops * 1e9)
-
-
-def test_the_search_runs_beside_measurements_only_on_a_core_they_leave_free(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert search_beside_measuring(jobs=1, threads=1)
-    assert not search_beside_measuring(jobs=1, threads=2)  # a parallel program takes both
-    assert not search_beside_measuring(jobs=2, threads=1)
 
 
 def test_an_interrupt_in_the_middle_of_a_round_keeps_its_finished_trials(tmp_path, monkeypatch):
