@@ -28,7 +28,8 @@ candidate is timed (`trials.TimingGate`); the proposals are the same as if it se
 `explore` is one `TaskTuner` given its whole budget at once. A tuner explores any `te.Computation`
 (a fused task of a model, made at run time), stored under `computation_key` unless it is a
 registered workload, and can be stepped a few trials at a time: it saturates once, and its search,
-elites and cost model carry over from one slice to the next (a task scheduler's rounds).
+elites and cost model carry over from one slice to the next (a task scheduler's rounds; with
+`search_ahead` a slice's next round is searched while its last is measured, as within one call).
 
     tuner = TaskTuner(computation, db="eqsched.db", cost_model="analytic")
     tuner.tune(16); tuner.tune(16)        # the best seconds after each slice
