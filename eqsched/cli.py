@@ -14,8 +14,9 @@
 
 Every failure prints one line, `eqsched: error: ...`, on stderr and exits with status 2; a program
 that runs but computes a wrong result exits with status 1. SIGTERM is handled like Ctrl-C: an
-exploration or batch stops after the measurement in progress, keeps what it measured, marks its
-run interrupted and exits with status 130.
+exploration, a model's tuning or a batch stops after the measurement in progress, keeps what it
+measured, marks its run interrupted and exits with status 130 (a model's tuning first runs the
+model with what it has).
 
 See docs/ARCHITECTURE.md §14 Layering.
 """

@@ -237,8 +237,13 @@ class TimingGate:
             mine = self._in_unit()
             self._working -= mine
             self._changed.notify_all()
-            self._changed.wait_for(lambda: self._timing == 0)
-            self._working += mine
+            try:
+                self._changed.wait_for(lambda: self._timing == 0)
+            finally:
+                # Interrupted here (Ctrl-C while a candidate is timed), the search is still
+                # inside `searching()`, whose exit counts it out: counted out twice, it would
+                # leave every later timing waiting for a search that is not there.
+                self._working += mine
         return True
 
     @contextlib.contextmanager

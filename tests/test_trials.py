@@ -228,6 +228,24 @@ def test_a_timing_starts_once_the_searchs_unit_of_work_in_progress_has_ended():
         gate.on_timing(False)
 
 
+def test_a_search_interrupted_while_it_waits_its_turn_holds_up_no_later_timing(monkeypatch):
+    gate = TimingGate()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C while the search waits for a candidate's timing
+
+    with pytest.raises(KeyboardInterrupt), gate.searching():
+        monkeypatch.setattr(gate._changed, "wait_for", interrupted)
+        gate.wait_turn()
+    monkeypatch.undo()
+    # The run then stops its measuring thread, which waits for the timing it had begun.
+    started = threading.Event()
+    timer = threading.Thread(target=lambda: (gate.on_timing(True), started.set()), daemon=True)
+    timer.start()
+    assert started.wait(10)
+    gate.on_timing(False)
+
+
 def test_a_search_that_waits_its_turn_is_off_the_machine_while_a_candidate_is_timed(naive):
     # Units of busy work between calls of wait_turn, as explore's search runs beside a round:
     # the timing waits for the unit in progress, and none runs in its window, loaded machine

@@ -107,6 +107,28 @@ def test_an_interrupted_model_run_is_recorded_interrupted(tmp_path, monkeypatch)
     assert [t["trials"] for t in second["summary"]["tasks"]] == [16, 0]
 
 
+def test_the_command_interrupted_while_tuning_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    import eqsched.tools.tune_model as tune_model_module
+    from eqsched.cli import main
+
+    def interrupted_after_a_slice(model, trials, **kwargs):
+        def progress(event, data):
+            kwargs["progress"](event, data)
+            if event == "tasks":
+                raise KeyboardInterrupt
+
+        return tune_model(model, trials, **{**kwargs, "progress": progress})
+
+    monkeypatch.setattr(tune_model_module, "tune_model", interrupted_after_a_slice)
+    size = [arg for name, n in TINY_MLP.items() for arg in ("--param", f"{name}={n}")]
+    code = main(["tune-model", "mlp", *size, "--trials", "24", "--threads", "1",
+                 "--population", "16", "--db", str(tmp_path / "m.db")])
+    out, err = capsys.readouterr()
+    assert code == 130 and "after 16 trials" in out
+    assert err.splitlines()[-1] == ("eqsched: interrupted; every measurement so far is in the "
+                                    "database, run the same command again to resume")
+
+
 def test_the_fingerprint_tells_two_graphs_of_one_name_apart_but_not_their_weights():
     small, wide = get_model("mlp", **TINY_MLP), get_model("mlp", **{**TINY_MLP, "hidden": 16})
     assert small.name == wide.name and model_fingerprint(small) != model_fingerprint(wide)

@@ -324,4 +324,8 @@ def _cmd_tune_model(args: Any) -> int:
               f"{result.default_latency_s * 1e3:.3f} ms with default schedules; "
               f"{result.check}" + (f"; {result.onnxruntime}" if result.onnxruntime else "")
               + f"; recorded as model run {result.run_id} in {args.db}")
+    if result.interrupted:
+        print("eqsched: interrupted; every measurement so far is in the database, run the same "
+              "command again to resume", file=sys.stderr)
+        return 130
     return 0 if result.correct else 1
