@@ -1,6 +1,7 @@
 """What the `eqsched` command and its tools share to read their arguments: the one-line user
 error and the parsers of --size, --limits, --rules, --target, --timeout, --seconds, --seed and
---max-memory, and the check that an output file can be written.
+--max-memory, the check that an output file can be written, and the line an interrupted run
+ends with.
 
     size = parse_size("64,64,64", get_workload("matmul"))   # (64, 64, 64), checked by the workload
     limits = parse_limits("iterations=20,seconds=10")       # an egraph.saturate.Limits
@@ -12,6 +13,7 @@ error and the parsers of --size, --limits, --rules, --target, --timeout, --secon
     exp.add_argument("--seed", type=seed_arg)               # argparse refuses -1, 2**63
     max_memory_bytes("8G"), max_memory_bytes("50%")        # 8 GiB; half of this machine's memory
     check_writable(Path("best.json"), "the trace")          # before the work whose result it is
+    return resumable_interrupt()                            # says so on stderr; exit status 130
 
 Every check runs before anything expensive (saturation, exploration, measuring), so a bad value
 costs a second, not the run.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -212,3 +215,11 @@ def max_memory_arg(text: str) -> int:
         return max_memory_bytes(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def resumable_interrupt() -> int:
+    """Say that an interrupted run kept its measurements and resumes when run again; the exit
+    status of a command so interrupted (130, as after Ctrl-C)."""
+    print("eqsched: interrupted; every measurement so far is in the database, run the same "
+          "command again to resume", file=sys.stderr)
+    return 130

@@ -48,6 +48,7 @@ from .args import (
     parse_rules,
     parse_size,
     parse_target,
+    resumable_interrupt,
     seconds_arg,
     seed_arg,
     timeout_arg,
@@ -508,9 +509,7 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     else:
         _print_exploration(out)
     if result.interrupted:
-        print("eqsched: interrupted; every measurement so far is in the database, run the same "
-              "command again to resume", file=sys.stderr)
-        return 130
+        return resumable_interrupt()
     if result.best is None:
         raise CliError(f"no correct program found in {out['trials']} trials (errors are in "
                        f"{args.db})")

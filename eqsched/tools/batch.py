@@ -58,7 +58,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..args import MEMORY_HELP, TARGET_HELP, CliError, max_memory_arg, max_memory_bytes
+from ..args import (
+    MEMORY_HELP,
+    TARGET_HELP,
+    CliError,
+    max_memory_arg,
+    max_memory_bytes,
+    resumable_interrupt,
+)
 
 CONFIG_KEYS = {"trials": int, "seconds": (int, float), "seed": int, "batch": int,
                "population": int, "threads": int, "repeats": int, "rules": str,
@@ -758,7 +765,5 @@ def _cmd_batch(args: Any) -> int:
                        ) from None
     print(json.dumps(result.to_json()) if args.json else result.table())
     if result.interrupted:
-        print("eqsched: interrupted; every measurement so far is in the database, run the same "
-              "command again to resume", file=sys.stderr)
-        return 130
+        return resumable_interrupt()
     return 1 if any(r["status"] == "failed" for r in result.rows) else 0

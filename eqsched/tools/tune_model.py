@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..args import TARGET_HELP, CliError, early_stopping_arg, seed_arg
+from ..args import TARGET_HELP, CliError, early_stopping_arg, resumable_interrupt, seed_arg
 from ..backend import CompileOptions
 from ..backend.target import Target, TargetError
 from ..model import Model, ModelError
@@ -325,7 +325,5 @@ def _cmd_tune_model(args: Any) -> int:
               f"{result.check}" + (f"; {result.onnxruntime}" if result.onnxruntime else "")
               + f"; recorded as model run {result.run_id} in {args.db}")
     if result.interrupted:
-        print("eqsched: interrupted; every measurement so far is in the database, run the same "
-              "command again to resume", file=sys.stderr)
-        return 130
+        return resumable_interrupt()
     return 0 if result.correct else 1
