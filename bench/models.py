@@ -12,7 +12,8 @@ Per model and thread count, the model is tuned into a fresh database with that m
 `Model.evaluate` (numpy, one BLAS thread per thread asked) and an onnxruntime session of the
 model's ONNX export (`intra_op_num_threads` = threads) are timed alternately, so all three see
 the same machine noise; each figure is a median, each ratio the median of the rounds' own
-ratios (`portability.paired_speedup`). Bar (issue 15): the BERT layer and the ResNet
+ratios (`portability.paired_speedup`). `--json FILE` is rewritten as each model is done, so a
+run cut short keeps what it measured. Bar (issue 15): the BERT layer and the ResNet
 block at >= 1.0x onnxruntime's speed on one thread with at most 1,000 trials in all.
 
 `--schedulers` instead tunes one model with each task scheduler for the largest budget, keeps a
@@ -192,9 +193,9 @@ def main() -> None:
         threads = int(args.part)
         threads_for_libraries(threads)
         keep = Path(args.keep) if args.keep else None
-        rows = [part_model(n, threads, args.trials, args.seed, args.repeats, keep)
-                for n in names]
-        print(json.dumps(rows))
+        for n in names:  # a row a line, as each model is done: a cut-short run keeps them
+            print(json.dumps(part_model(n, threads, args.trials, args.seed, args.repeats, keep)),
+                  flush=True)
         return
     if args.schedulers is not None or args.retime:
         threads_for_libraries(1)
@@ -218,12 +219,17 @@ def main() -> None:
 
         rows = []
         for threads in args.threads:
-            done = subprocess.run([sys.executable, __file__, "--part", str(threads), "--only",
+            with subprocess.Popen([sys.executable, __file__, "--part", str(threads), "--only",
                                    *names, "--trials", str(args.trials), "--seed",
                                    str(args.seed), "--repeats", str(args.repeats),
                                    *(["--keep", args.keep] if args.keep else [])],
-                                  stdout=subprocess.PIPE, text=True, check=True)
-            rows += json.loads(done.stdout)
+                                  stdout=subprocess.PIPE, text=True) as part:
+                for line in part.stdout:
+                    rows.append(json.loads(line))
+                    if args.json:  # every row so far, should the run be cut short
+                        Path(args.json).write_text(json.dumps(rows, indent=1))
+            if part.returncode:
+                raise SystemExit(f"the {threads}-thread part failed (exit {part.returncode})")
         print("model         threads  trials  eqsched ms  onnxrt ms  numpy ms  default ms  "
               "vs onnxrt  spread")
         for r in rows:
