@@ -302,14 +302,13 @@ def free_vars(e: Expr) -> set[str]:
 
 
 def count_flops(e: Expr) -> int:
-    """Floating-point operations in one evaluation of `e` (each math function counts as one)."""
-    n = 0
-    for node in walk(e):
-        if isinstance(node, BinOp) and node.dtype == "float32":
-            n += 1
-        elif isinstance(node, Call) and node.fn != "neg":
-            n += 1
-    return n
+    """Floating-point operations in one evaluation of `e` (each math function counts as one; a
+    select counts the costlier of its branches, the one it may take)."""
+    if isinstance(e, Select):
+        return max(count_flops(e.a), count_flops(e.b))
+    own = ((isinstance(e, BinOp) and e.dtype == "float32")
+           or (isinstance(e, Call) and e.fn != "neg"))
+    return int(own) + sum(count_flops(c) for c in children(e))
 
 
 # ---- printing -----------------------------------------------------------------------------

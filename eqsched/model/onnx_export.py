@@ -40,8 +40,9 @@ class _Graph:
     def __init__(self, onnx: Any, model: Model):
         self.onnx, self.model = onnx, model
         self.nodes: list[Any] = []
+        read = {i for n in model.nodes for i in _read(n)}
         self.initializers = [onnx.numpy_helper.from_array(np.asarray(w), k)
-                             for k, w in model.weights.items()]
+                             for k, w in model.weights.items() if k in read]
         self.names = set(model.weights) | set(model.inputs) | {n.name for n in model.nodes}
 
     def constant(self, base: str, array: np.ndarray) -> str:
@@ -74,10 +75,18 @@ def _gemm(g: _Graph, node: Node) -> None:
            transB=int(op.trans_b))
 
 
+def _read(node: Node) -> tuple[str, ...]:
+    """The values a node's ONNX form reads: a Winograd convolution's are the convolution's own
+    (it is exported as the Conv it computes, its filter's transform left out)."""
+    if node.op.op_type == "WinogradConv":
+        return (*node.inputs[:2], *node.inputs[3:])
+    return node.inputs
+
+
 def _conv(g: _Graph, node: Node) -> None:
     kernel = g.model.shape(node.inputs[1])[2:]
-    g.emit(node, "Conv", kernel_shape=list(kernel), pads=list(node.op.pads),
-           strides=list(node.op.strides))
+    g.emit(node, "Conv", list(_read(node)), kernel_shape=list(kernel), pads=list(node.op.pads),
+           strides=list(getattr(node.op, "strides", (1, 1))))
 
 
 def _scale_shift(g: _Graph, node: Node) -> None:
@@ -116,7 +125,8 @@ def _reshape(g: _Graph, node: Node) -> None:
 _EXPORTERS: dict[str, Callable[[_Graph, Node], None]] = {
     **{t: _same for t in ("MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Tanh", "Exp", "Erf",
                           "Sqrt", "Sigmoid")},
-    "Gelu": _gelu, "GeluTanh": _gelu, "Gemm": _gemm, "Conv": _conv, "ScaleShift": _scale_shift,
+    "Gelu": _gelu, "GeluTanh": _gelu, "Gemm": _gemm, "Conv": _conv, "WinogradConv": _conv,
+    "ScaleShift": _scale_shift,
     "ReduceSum": _reduce, "ReduceMean": _reduce, "ReduceMax": _reduce, "Softmax": _softmax,
     "LayerNormalization": _layer_norm, "Transpose": _transpose, "Reshape": _reshape,
 }

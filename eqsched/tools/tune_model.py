@@ -111,6 +111,13 @@ def model_fingerprint(model: Model) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def conv_algorithm(model: Model) -> str:
+    """How the model's convolutions compute: "winograd" when `model.winograd.winograd` rewrote
+    some, else "direct"."""
+    return ("winograd" if any(n.op.op_type == "WinogradConv" for n in model.nodes)
+            else "direct")
+
+
 def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
                db: str | Path = "eqsched.db", seed: int = 0, threads: int | None = None,
                target: str | None = None, population: int | None = None,
@@ -147,7 +154,8 @@ def tune_model(model: Model, trials: int, *, scheduler: str = "gradient",
             model=model.name, fingerprint=model_fingerprint(model),
             settings={"scheduler": scheduler, "trials": trials, "seed": seed,
                       "threads": options.thread_count, "target": options.target.spec,
-                      "population": population, "early_stopping": early_stopping},
+                      "population": population, "early_stopping": early_stopping,
+                      "conv": conv_algorithm(model)},
             machine=facts, versions=facts.get("versions", {}))
         # Filled in as the run goes, so an interrupted or failed run records what it got to.
         summary: dict[str, Any] = {
@@ -272,6 +280,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--early-stopping", type=early_stopping_arg, default=EARLY_STOPPING,
                    metavar="N|off", help="a task is done after N trials without a gain; off "
                    "(the default): every task goes on until --trials are spent")
+    p.add_argument("--conv", choices=("direct", "winograd"), default="direct",
+                   help="how 3x3 stride-1 convolutions compute: direct (default) or winograd "
+                   "(F(2x2, 3x3): fewer multiplications, the transforms in the same task)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (progress goes to stderr)")
     p.set_defaults(run=_cmd_tune_model)
@@ -279,6 +290,7 @@ def add_parser(sub: Any) -> None:
 
 def _cmd_tune_model(args: Any) -> int:
     from ..db import DatabaseError
+    from ..model.winograd import winograd
     from ..task_scheduler import SchedulerError, get_scheduler
 
     if args.trials < 1:
@@ -292,6 +304,8 @@ def _cmd_tune_model(args: Any) -> int:
         get_scheduler(args.scheduler)
         params = dict(_param(p) for p in args.param)
         model = load_model(args.model, params)
+        if args.conv == "winograd":
+            model = winograd(model)
     except (ValueError, TargetError, SchedulerError) as err:  # ModelError is a ValueError
         raise CliError(str(err)) from None
 
