@@ -56,15 +56,20 @@ def onnxruntime_run(model, threads: int, inputs: dict):
 
 
 def part_model(name: str, threads: int, trials: int, seed: int, repeats: int,
-               keep: Path | None = None) -> dict:
+               keep: Path | None = None, conv: str = "direct") -> dict:
     from portability import paired_speedup, sampled, summary
 
     from eqsched.backend import CompileOptions, Target
     from eqsched.compiled_model import CompiledModel
     from eqsched.model import get_model
+    from eqsched.model.winograd import applies, winograd
     from eqsched.tools.tune_model import tune_model
 
-    model = get_model(name.split("-")[0], **MODELS[name])
+    source = get_model(name.split("-")[0], **MODELS[name])
+    # numpy and onnxruntime run the model as it is; eqsched the model whose convolutions
+    # compute as --conv says (a model without one Winograd takes computes as it is).
+    winograd_applies = any(applies(source, n) for n in source.nodes)
+    model = winograd(source) if conv == "winograd" and winograd_applies else source
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "models.db"
         tuned = tune_model(model, trials, db=db, seed=seed, threads=threads,
@@ -80,10 +85,11 @@ def part_model(name: str, threads: int, trials: int, seed: int, repeats: int,
         verdict = compiled.check(inputs)
         if not verdict:
             raise SystemExit(f"{name} x{threads}: {verdict.message}")
-        samples = sampled([lambda: compiled(inputs), onnxruntime_run(model, threads, inputs),
-                           lambda: model.evaluate(inputs)], repeats)
+        samples = sampled([lambda: compiled(inputs), onnxruntime_run(source, threads, inputs),
+                           lambda: source.evaluate(inputs)], repeats)
     ours, theirs, numpy_eval = (summary(s) for s in samples)
     return {"model": name, "threads": threads, "trials": tuned.trials,
+            "conv": conv if model is not source else "direct",
             "eqsched_s": ours[0], "onnxruntime_s": theirs[0], "numpy_s": numpy_eval[0],
             "vs_onnxruntime": paired_speedup(samples[0], samples[1]),
             "default_s": tuned.default_latency_s, "spread": max(ours[1], theirs[1]),
@@ -183,6 +189,8 @@ def main() -> None:
                     "without a gain (default off: the whole budget)")
     ap.add_argument("--retime", metavar="DIR",
                     help="time the databases a --schedulers --keep DIR run kept, tuning nothing")
+    ap.add_argument("--conv", choices=("direct", "winograd"), default="direct",
+                    help="how eqsched computes 3x3 stride-1 convolutions (tune-model --conv)")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -194,8 +202,8 @@ def main() -> None:
         threads_for_libraries(threads)
         keep = Path(args.keep) if args.keep else None
         for n in names:  # a row a line, as each model is done: a cut-short run keeps them
-            print(json.dumps(part_model(n, threads, args.trials, args.seed, args.repeats, keep)),
-                  flush=True)
+            print(json.dumps(part_model(n, threads, args.trials, args.seed, args.repeats, keep,
+                                        args.conv)), flush=True)
         return
     if args.schedulers is not None or args.retime:
         threads_for_libraries(1)
@@ -222,6 +230,7 @@ def main() -> None:
             with subprocess.Popen([sys.executable, __file__, "--part", str(threads), "--only",
                                    *names, "--trials", str(args.trials), "--seed",
                                    str(args.seed), "--repeats", str(args.repeats),
+                                   "--conv", args.conv,
                                    *(["--keep", args.keep] if args.keep else [])],
                                   stdout=subprocess.PIPE, text=True) as part:
                 for line in part.stdout:

@@ -40,7 +40,7 @@ class _Graph:
     def __init__(self, onnx: Any, model: Model):
         self.onnx, self.model = onnx, model
         self.nodes: list[Any] = []
-        read = {i for n in model.nodes for i in _read(n)}
+        read = {i for n in model.nodes if n.op.op_type not in _SKIPPED for i in _read(n)}
         self.initializers = [onnx.numpy_helper.from_array(np.asarray(w), k)
                              for k, w in model.weights.items() if k in read]
         self.names = set(model.weights) | set(model.inputs) | {n.name for n in model.nodes}
@@ -75,16 +75,18 @@ def _gemm(g: _Graph, node: Node) -> None:
            transB=int(op.trans_b))
 
 
+# A Winograd convolution (`model.winograd`) is exported as the Conv it computes: its output node
+# as that Conv, of the convolution's own input, filter and bias; its transforms not at all.
+_SKIPPED = ("WinogradInput", "WinogradProduct")
+
+
 def _read(node: Node) -> tuple[str, ...]:
-    """The values a node's ONNX form reads: a Winograd convolution's are the convolution's own
-    (it is exported as the Conv it computes, its filter's transform left out)."""
-    if node.op.op_type == "WinogradConv":
-        return (*node.inputs[:2], *node.inputs[3:])
-    return node.inputs
+    """The values a node's ONNX form reads."""
+    return node.inputs[1:] if node.op.op_type == "WinogradOutput" else node.inputs
 
 
 def _conv(g: _Graph, node: Node) -> None:
-    kernel = g.model.shape(node.inputs[1])[2:]
+    kernel = g.model.shape(_read(node)[1])[2:]
     g.emit(node, "Conv", list(_read(node)), kernel_shape=list(kernel), pads=list(node.op.pads),
            strides=list(getattr(node.op, "strides", (1, 1))))
 
@@ -125,7 +127,7 @@ def _reshape(g: _Graph, node: Node) -> None:
 _EXPORTERS: dict[str, Callable[[_Graph, Node], None]] = {
     **{t: _same for t in ("MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Tanh", "Exp", "Erf",
                           "Sqrt", "Sigmoid")},
-    "Gelu": _gelu, "GeluTanh": _gelu, "Gemm": _gemm, "Conv": _conv, "WinogradConv": _conv,
+    "Gelu": _gelu, "GeluTanh": _gelu, "Gemm": _gemm, "Conv": _conv, "WinogradOutput": _conv,
     "ScaleShift": _scale_shift,
     "ReduceSum": _reduce, "ReduceMean": _reduce, "ReduceMax": _reduce, "Softmax": _softmax,
     "LayerNormalization": _layer_norm, "Transpose": _transpose, "Reshape": _reshape,
@@ -137,6 +139,8 @@ def to_onnx(model: Model) -> Any:
     onnx = _onnx()
     g = _Graph(onnx, model)
     for node in model.nodes:
+        if node.op.op_type in _SKIPPED:
+            continue
         if node.op.op_type not in _EXPORTERS:
             raise ModelError(f"{model.name}: node {node.name!r} ({node.op.op_type}) has no ONNX "
                              f"form")

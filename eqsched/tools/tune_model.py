@@ -114,7 +114,7 @@ def model_fingerprint(model: Model) -> str:
 def conv_algorithm(model: Model) -> str:
     """How the model's convolutions compute: "winograd" when `model.winograd.winograd` rewrote
     some, else "direct"."""
-    return ("winograd" if any(n.op.op_type == "WinogradConv" for n in model.nodes)
+    return ("winograd" if any(n.op.op_type == "WinogradOutput" for n in model.nodes)
             else "direct")
 
 
