@@ -66,3 +66,9 @@ def test_count_flops_counts_value_arithmetic_and_math_calls():
     assert count_flops(body) == 3  # mul, add, max; the index product does not count
     assert count_flops(-exp(Load("A", (i,)))) == 1
     assert isinstance(-Load("A", (i,)), Call)
+
+
+def test_a_select_counts_the_flops_of_its_costlier_branch_the_one_it_may_take():
+    i, a, b = Var("i"), Load("A", (Var("i"),)), Load("B", (Var("i"),))
+    assert count_flops(select(i < 2, a + b + a, a * b) + 1.0) == 3
+    assert count_flops(select(i < 2, a, 0.0)) == 0  # padding

@@ -8,7 +8,8 @@ from model_checks import check_stages, conv2d, random_inputs
 from eqsched.compiled_model import CompiledModel
 from eqsched.model import ModelBuilder, ModelError, get_model
 from eqsched.model.linear import Conv
-from eqsched.model.winograd import A_T, B_T, WinogradConv, filter_transform, winograd
+from eqsched.model.tasks import extract_tasks
+from eqsched.model.winograd import A_T, B_T, filter_transform, winograd
 
 
 def _matrix(rows, width: int) -> np.ndarray:
@@ -23,7 +24,7 @@ def test_the_tables_compute_one_tile_of_the_convolution():
     rng = np.random.default_rng(0)
     d, g = rng.standard_normal((4, 4)), rng.standard_normal((3, 3))
     b_t, a_t = _matrix(B_T, 4), _matrix(A_T, 4)
-    u = filter_transform(g[None, None].astype(np.float32))[:, :, 0, 0].astype(np.float64)
+    u = filter_transform(g[None, None].astype(np.float32))[:, 0, 0].reshape(4, 4)
     y = a_t @ (u * (b_t @ d @ b_t.T)) @ a_t.T
     want = [[(d[i:i + 3, j:j + 3] * g).sum() for j in range(2)] for i in range(2)]
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
@@ -46,23 +47,27 @@ def _model(x_shape, k, pads, bias):
     ((1, 2, 5, 5), (2, 0, 1, 1), True),    # uneven padding
 ])
 def test_the_stages_compute_the_direct_convolution(x_shape, pads, bias):
-    model = winograd(_model(x_shape, 4, pads, bias))
-    node = model.node("y")
-    assert isinstance(node.op, WinogradConv)
+    direct = _model(x_shape, 4, pads, bias)
+    model = winograd(direct)
+    assert [(n.name, n.op.op_type) for n in model.nodes] == [
+        ("y_tiles", "WinogradInput"), ("y_products", "MatMul"), ("y", "WinogradOutput")]
     inputs = random_inputs(model, seed=1)
     want = conv2d(inputs["x"], model.weights["w"], pads)
     if bias:
         want = want + model.weights["bias"].reshape(1, -1, 1, 1)
-    np.testing.assert_allclose(model.evaluate(inputs)["y"], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(direct.evaluate(inputs)["y"], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(model.evaluate(inputs)["y"], direct.evaluate(inputs)["y"])
+    # Each node's stages compute its numpy evaluation: the transforms theirs, the output node the
+    # direct convolution from the products.
     check_stages(model, inputs, backend=True)
     assert [s.name for s in model.computation().stages] == [
-        "y__split", "y__in", "y__product", "y__out", "y"]
+        "y_tiles__split", "y_tiles", "y_products", "y__tiles", "y"]
 
 
 def test_its_products_are_four_ninths_of_the_direct_forms():
     model = _model((1, 8, 8, 8), 8, (1, 1, 1, 1), False)
     stages = {s.name: s for s in winograd(model).computation().stages}
-    assert stages["y__product"].flops() * 9 == model.computation().flops * 4
+    assert stages["y_products"].flops() * 9 == model.computation().flops * 4
 
 
 def test_the_rewrite_takes_3x3_stride_1_convolutions_of_a_weight_only():
@@ -76,14 +81,24 @@ def test_the_rewrite_takes_3x3_stride_1_convolutions_of_a_weight_only():
     y = b.apply(Conv(), [h, w1], name="one")
     model = b.build(y)
     fast = winograd(model)
-    assert [n.op.op_type for n in fast.nodes] == ["WinogradConv", "Conv", "Conv"]
-    assert fast.node("three").inputs == ("x", "w3", "w3_winograd")
+    assert [n.op.op_type for n in fast.nodes] == [
+        "WinogradInput", "MatMul", "WinogradOutput", "Conv", "Conv"]
+    assert fast.node("three_products").inputs == ("w3_winograd", "three_tiles")
+    assert fast.node("three").inputs == ("three_products", "x", "w3")
     inputs = random_inputs(model)
     np.testing.assert_array_equal(fast.evaluate(inputs)["one"], model.evaluate(inputs)["one"])
     with pytest.raises(ModelError, match=r"^mlp: no convolution Winograd F\(2x2, 3x3\) "
                                          r"computes \(it needs a 3x3 filter held as a weight, "
                                          r"stride 1\)$"):
         winograd(get_model("mlp"))
+
+
+def test_a_blocks_convolutions_share_their_transform_and_product_tasks():
+    tasks = extract_tasks(winograd(get_model("resnet_block")))
+    assert [(t.name, t.weight) for t in tasks] == [
+        ("winogradinput", 2), ("matmul", 2), ("winogradoutput_scaleshift_relu", 1),
+        ("winogradoutput_scaleshift_add_relu", 1)]
+    assert tasks[1].computation.constants == {"in0"}  # the filters' transform
 
 
 def test_the_resnet_block_by_winograd_is_correct_end_to_end():
@@ -98,7 +113,7 @@ def test_it_exports_as_the_convolution_it_computes():
     from eqsched.model import to_onnx
 
     proto = to_onnx(winograd(_model((1, 2, 6, 6), 3, (1, 1, 1, 1), True)))
-    assert [n.op_type for n in proto.graph.node] == ["Conv"]
+    assert [n.op_type for n in proto.graph.node] == ["Conv"]  # the transforms left out
     assert list(proto.graph.node[0].input) == ["x", "w", "bias"]
     assert sorted(i.name for i in proto.graph.initializer) == ["bias", "w"]
     assert onnx is not None

@@ -53,7 +53,7 @@ def test_the_model_run_records_the_curve_and_each_task_before_and_after(tmp_path
     assert (run["model"], run["fingerprint"]) == ("mlp", model_fingerprint(model))
     assert run["settings"] == {"scheduler": "round-robin", "trials": 24, "seed": 3,
                                "threads": 1, "target": "host", "population": 16,
-                               "early_stopping": None}
+                               "early_stopping": None, "conv": "direct"}
     assert run["versions"]["python"] and run["machine"]["cores"] >= 1
     summary = run["summary"]
     assert summary["latency_s"] == result.latency_s and summary["correct"] is True
@@ -168,6 +168,7 @@ def test_the_command_tunes_an_onnx_file_and_prints_one_json_object(tmp_path):
     (["mlp", "--population", "1"], "--population must be >= 2"),
     (["mlp", "--target", "z80"], "target 'z80'"),
     (["mlp", "--early-stopping", "0"], "--early-stopping takes a count of trials >= 1 or 'off'"),
+    (["mlp", "--conv", "winograd"], "mlp: no convolution Winograd F(2x2, 3x3) computes"),
 ])
 def test_bad_input_is_one_line_before_anything_is_tuned(tmp_path, args, message):
     done = tune_model_cmd(*args, "--db", str(tmp_path / "m.db"), cwd=tmp_path)

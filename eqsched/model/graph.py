@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..te import Computation, Tensor, placeholder
+from .layout import Reshape
 from .op import ModelError, Operand, Operator, Shape, View, f32
 
 
@@ -131,7 +132,7 @@ class Model:
                 operands[n.name] = View(n.shape, source=args[0], op=n.op)
                 continue
             made[n.name] = n.op.stages(args, n.shape, n.name)
-            operands[n.name] = Operand(n.shape, made[n.name])
+            operands[n.name] = _stored(n.shape, made[n.name])
         # A built model has no dead nodes: the set's last node at least is exported.
         outputs = [made[n.name] for n in members if n.name in exported]
         return Computation(name or self.name, outputs)
@@ -155,6 +156,17 @@ class Model:
         lines += [f"  {k}{list(v.shape)}: weight" for k, v in self.weights.items()]
         lines += [f"  {n}" for n in self.nodes]
         return "\n".join(lines)
+
+
+def _stored(shape: Shape, tensor: Tensor) -> Operand:
+    """A node's value as its readers in the same computation read it: its stage's tensor, or,
+    when the operator stores the value in another row-major shape of the same elements (a
+    `(16, C, T)` value written as `(16, C, N, rows, columns)`, where the writer's loops index
+    better), that tensor read through the row-major map. A task reading the value from another
+    task reads the one flat buffer in the value's own shape."""
+    if tensor.shape == (shape or (1,)):
+        return Operand(shape, tensor)
+    return View(shape, source=Operand(tensor.shape, tensor), op=Reshape(shape))
 
 
 __all__ = ["Model", "Node", "Value"]

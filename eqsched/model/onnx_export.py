@@ -40,7 +40,7 @@ class _Graph:
     def __init__(self, onnx: Any, model: Model):
         self.onnx, self.model = onnx, model
         self.nodes: list[Any] = []
-        read = {i for n in model.nodes if n.op.op_type not in _SKIPPED for i in _read(n)}
+        read = {i for n in _exported(model) for i in _read(n)}
         self.initializers = [onnx.numpy_helper.from_array(np.asarray(w), k)
                              for k, w in model.weights.items() if k in read]
         self.names = set(model.weights) | set(model.inputs) | {n.name for n in model.nodes}
@@ -75,14 +75,20 @@ def _gemm(g: _Graph, node: Node) -> None:
            transB=int(op.trans_b))
 
 
-# A Winograd convolution (`model.winograd`) is exported as the Conv it computes: its output node
-# as that Conv, of the convolution's own input, filter and bias; its transforms not at all.
-_SKIPPED = ("WinogradInput", "WinogradProduct")
-
-
 def _read(node: Node) -> tuple[str, ...]:
-    """The values a node's ONNX form reads."""
+    """The values a node's ONNX form reads. A Winograd convolution (`model.winograd`) is
+    exported as the Conv it computes: its output node as that Conv of the convolution's own
+    input, filter and bias, so its transforms and product are read by nothing exported."""
     return node.inputs[1:] if node.op.op_type == "WinogradOutput" else node.inputs
+
+
+def _exported(model: Model) -> list[Node]:
+    """The nodes the model's outputs need, by what their ONNX forms read, in the model's order."""
+    needed = set(model.outputs)
+    for n in reversed(model.nodes):
+        if n.name in needed:
+            needed.update(_read(n))
+    return [n for n in model.nodes if n.name in needed]
 
 
 def _conv(g: _Graph, node: Node) -> None:
@@ -138,9 +144,7 @@ def to_onnx(model: Model) -> Any:
     """The model as an `onnx.ModelProto` (checked by `onnx.checker`)."""
     onnx = _onnx()
     g = _Graph(onnx, model)
-    for node in model.nodes:
-        if node.op.op_type in _SKIPPED:
-            continue
+    for node in _exported(model):
         if node.op.op_type not in _EXPORTERS:
             raise ModelError(f"{model.name}: node {node.name!r} ({node.op.op_type}) has no ONNX "
                              f"form")

@@ -12,10 +12,12 @@ its numpy evaluation and its te stages.
 `evaluate` is the numpy reference of the end-to-end check, in float32; `stages` writes the te
 stages computing the output from te reads of the operands, so any set of nodes becomes one
 `te.Computation` to tune. The last stage an operator writes carries the node's name; the others
-are named `<node>__<part>` (value names never hold a double underscore). A layout operator
-(`layout = True`) only moves elements: its stage is one read of its input at `index_map(out
-index)`; when that index is affine, a computation has its readers read the input there instead
-(a `View`), with no stage.
+are named `<node>__<part>` (value names never hold a double underscore). That last stage may
+store the value in another row-major shape of the same elements, one its loops index better:
+readers in the same computation read it through the row-major map, other tasks the flat
+buffer. A layout operator (`layout = True`) only moves elements: its stage is one read of its
+input at `index_map(out index)`; when that index is affine, a computation has its readers read
+the input there instead (a `View`), with no stage.
 
 See docs/ARCHITECTURE.md §18 Models.
 """

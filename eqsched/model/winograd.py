@@ -16,10 +16,10 @@ hold 0 and ±1), written out term by term so no stage multiplies by a constant m
 The rewrite computes each such convolution by three nodes, so three tasks (the two
 convolutions of a ResNet block share the first two: the same computation on the same shapes):
 
-    <conv>_tiles     WinogradInput:   V[p, c, b, ty, tx] = Bᵀ d B, four terms a point, from
-                     `__split`, the padded input with its columns split by parity (so each
-                     tile's stride-2 reads are unit-stride ones)
-    <conv>_products  WinogradProduct: M[p, k, b, ty, tx] = Σ_c U[p, k, c] V[p, c, b, ty, tx]
+    <conv>_tiles     WinogradInput:   V[p, c, t] = Bᵀ d B, four terms a point, from `__split`,
+                     the padded input with its columns split by parity (so each tile's
+                     stride-2 reads are unit-stride ones); t numbers the tiles row-major
+    <conv>_products  MatMul:          M[p, k, t] = Σ_c U[p, k, c] V[p, c, t], batched over p
     <conv>           WinogradOutput:  Aᵀ M A, nine terms an output, into `__tiles`, then each
                      output read from its tile (plus the bias); its elementwise consumers
                      (batch norm, ReLU, a residual) fuse after it as after a direct convolution
@@ -43,10 +43,10 @@ from typing import ClassVar
 import numpy as np
 
 from ..expr import Const, Expr, all_of, select
-from ..te import Tensor, compute, sum_
+from ..te import Tensor, compute
 from .graph import Model, Node
-from .linear import Conv
-from .op import ModelError, Operand, Operator, Shape, f32, reduce_axes, stage
+from .linear import Conv, MatMul
+from .op import ModelError, Operand, Operator, Shape, f32, stage
 
 # The nonzero entries of each row of Bᵀ (input transform) and Aᵀ (output transform), as
 # (column, sign); G (filter transform) as a dense matrix, used only in numpy.
@@ -75,9 +75,9 @@ def applies(model: Model, node: Node) -> bool:
 
 def winograd(model: Model) -> Model:
     """`model` with each convolution `applies` accepts computed by three nodes: `<conv>_tiles`
-    (WinogradInput), `<conv>_products` (WinogradProduct, reading its filter's transform, a new
-    weight `<filter>_winograd`) and `<conv>` itself (WinogradOutput); the same inputs, outputs
-    and values. ModelError when no convolution qualifies."""
+    (WinogradInput), `<conv>_products` (a batched MatMul of its filter's transform, a new weight
+    `<filter>_winograd`, by the tiles) and `<conv>` itself (WinogradOutput); the same inputs,
+    outputs and values. ModelError when no convolution qualifies."""
     nodes: list[Node] = []
     weights, shapes = dict(model.weights), dict(model._shapes)
 
@@ -100,11 +100,11 @@ def winograd(model: Model) -> Model:
         pads = tuple(n.op.pads)
         tiles = WinogradInput(pads)
         tiles_shape = tiles.infer([model.shape(x)])
-        products_shape = WinogradProduct().infer([shapes[transformed], tiles_shape])
+        products_shape = MatMul().infer([shapes[transformed], tiles_shape])
         v, m = fresh(f"{n.name}_tiles"), fresh(f"{n.name}_products")
         shapes[v], shapes[m] = tiles_shape, products_shape
         nodes += [Node(v, tiles, (x,), tiles_shape),
-                  Node(m, WinogradProduct(), (transformed, v), products_shape),
+                  Node(m, MatMul(), (transformed, v), products_shape),
                   Node(n.name, WinogradOutput(pads), (m, x, w, *bias), n.shape)]
     if len(weights) == len(model.weights):
         raise ModelError(f"{model.name}: no convolution Winograd F(2x2, 3x3) computes (it needs "
@@ -124,8 +124,10 @@ def _tiles(x: Shape, pads: Sequence[int]) -> tuple[int, int, int, int]:
 
 @dataclass(frozen=True)
 class WinogradInput(Operator):
-    """X (N, C, H, W) padded by `pads` -> V (16, C, N, tiles down, tiles across): each 4x4
-    input tile's transform Bᵀ d B, its 16 points first."""
+    """X (N, C, H, W) padded by `pads` -> V (16, C, T): each 4x4 input tile's transform Bᵀ d B,
+    its 16 points first; the T = N x tiles down x tiles across tiles in one axis, row-major, so
+    the product is one batched matrix product whose columns are a whole multiple of a vector
+    more often than a row of tiles is."""
 
     pads: tuple[int, ...] = (0, 0, 0, 0)
     op_type: ClassVar[str] = "WinogradInput"
@@ -135,7 +137,7 @@ class WinogradInput(Operator):
         if len(x) != 4:
             raise ModelError(f"WinogradInput: the input must be NCHW, got {x}")
         _, _, tiles_y, tiles_x = _tiles(x, self.pads)
-        return (POINTS * POINTS, x[1], x[0], tiles_y, tiles_x)
+        return (POINTS * POINTS, x[1], x[0] * tiles_y * tiles_x)
 
     def evaluate(self, *arrays: np.ndarray) -> np.ndarray:
         (x,) = arrays
@@ -148,13 +150,13 @@ class WinogradInput(Operator):
         d = windows[:, :, ::TILE, ::TILE]  # (N, C, tiles_y, tiles_x, 4, 4)
         b_t = _matrix(B_T)
         v = np.einsum("er,bcyxrs,fs->efcbyx", b_t, d, b_t)
-        return f32(v.reshape(POINTS * POINTS, *v.shape[2:]))
+        return f32(v.reshape(POINTS * POINTS, x.shape[1], -1))
 
     def stages(self, operands: Sequence[Operand], shape: Shape, name: str) -> Tensor:
         (x,) = operands
         batch, channels, height, width = x.shape
         top, left = self.pads[0], self.pads[1]
-        tiles_y, tiles_x = shape[3], shape[4]
+        _, _, tiles_y, tiles_x = _tiles(x.shape, self.pads)
 
         def split(nb, c, y, parity, xh):
             col = xh * 2 + parity - left
@@ -169,38 +171,16 @@ class WinogradInput(Operator):
             return _signed_sum((sr * ss, d[nb, c, ty * 2 + r, s % 2, tx + s // 2])
                                for r, sr in B_T[e] for s, ss in B_T[n])
 
-        return stage(shape, lambda idx: _table(idx[0], lambda e, n: point(e, n, *idx[1:])),
-                     name)
-
-
-@dataclass(frozen=True)
-class WinogradProduct(Operator):
-    """U (16, K, C) and V (16, C, N, tiles down, tiles across) -> M (16, K, N, tiles down, tiles
-    across): one matrix product per transformed point, over the input channels."""
-
-    op_type: ClassVar[str] = "WinogradProduct"
-    arity: ClassVar[tuple[int, int]] = (2, 2)
-
-    def infer(self, shapes: Sequence[Shape]) -> Shape:
-        u, v = shapes
-        if len(u) != 3 or len(v) != 5 or u[0] != v[0] or u[2] != v[1]:
-            raise ModelError(f"WinogradProduct: transforms of shapes {u} and {v} do not match")
-        return (u[0], u[1], *v[2:])
-
-    def evaluate(self, *arrays: np.ndarray) -> np.ndarray:
-        u, v = arrays
-        return f32(np.einsum("pkc,pcnyx->pknyx", u, v, optimize=True))
-
-    def stages(self, operands: Sequence[Operand], shape: Shape, name: str) -> Tensor:
-        u, v = operands
-        (rc,) = reduce_axes([u.shape[2]])
-        return stage(shape, lambda idx: sum_(u[(idx[0], idx[1], rc)]
-                                             * v[(idx[0], rc, *idx[2:])], axis=rc), name)
+        # Stored as (16, C, N, tiles down, tiles across), the value's elements in its order: a
+        # flat tile axis would need `//` and `%` to find each tile's rows.
+        return compute((POINTS * POINTS, channels, batch, tiles_y, tiles_x),
+                       lambda p, c, nb, ty, tx: _table(p, lambda e, n: point(e, n, c, nb, ty, tx)),
+                       name, axis_names=["i0", "i1", "i2", "i3", "i4"])
 
 
 @dataclass(frozen=True)
 class WinogradOutput(Operator):
-    """M (16, K, N, tiles down, tiles across) -> Y (N, K, rows, columns): each tile's 2x2
+    """M (16, K, T) -> Y (N, K, rows, columns): each tile's 2x2
     outputs Aᵀ M A (plus a bias (K,)). It also takes the convolution's input X and filter W,
     which its stages do not read: its `evaluate` is the direct convolution, so a model's numpy
     evaluation, the reference of the end-to-end check, does not use the Winograd algorithm."""
@@ -212,7 +192,8 @@ class WinogradOutput(Operator):
     def infer(self, shapes: Sequence[Shape]) -> Shape:
         m, x, w, *bias = shapes
         out = Conv(self.pads).infer([x, w, *bias])
-        if w[2:] != (3, 3) or m != (POINTS * POINTS, w[0], x[0], *_tiles(x, self.pads)[2:]):
+        tiles_y, tiles_x = _tiles(x, self.pads)[2:]
+        if w[2:] != (3, 3) or m != (POINTS * POINTS, w[0], x[0] * tiles_y * tiles_x):
             raise ModelError(f"WinogradOutput: products {m} do not match a 3x3 convolution of "
                              f"{x} by {w}")
         return out
@@ -222,13 +203,14 @@ class WinogradOutput(Operator):
         return Conv(self.pads).evaluate(x, w, *bias)
 
     def stages(self, operands: Sequence[Operand], shape: Shape, name: str) -> Tensor:
-        m, _, _, *bias = operands
+        m, x, _, *bias = operands
         batch, filters = shape[:2]
-        tiles_y, tiles_x = m.shape[3:]
+        tiles_y, tiles_x = _tiles(x.shape, self.pads)[2:]
 
         def point(i: int, j: int, nb: Expr, k: Expr, ty: Expr, tx: Expr) -> Expr:
             return _signed_sum(
-                (se, _signed_sum((sn, m[(e * POINTS + n, k, nb, ty, tx)]) for n, sn in A_T[j]))
+                (se, _signed_sum((sn, m[(e * POINTS + n, k, (nb * tiles_y + ty) * tiles_x + tx)])
+                                 for n, sn in A_T[j]))
                 for e, se in A_T[i])
 
         tiled = compute((TILE * TILE, batch, filters, tiles_y, tiles_x),
@@ -274,5 +256,4 @@ def _signed_sum(terms: Iterable[tuple[int, Expr]]) -> Expr:
     return out
 
 
-__all__ = ["WinogradInput", "WinogradOutput", "WinogradProduct", "applies", "filter_transform",
-           "winograd"]
+__all__ = ["WinogradInput", "WinogradOutput", "applies", "filter_transform", "winograd"]
