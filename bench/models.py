@@ -15,6 +15,8 @@ the same machine noise; each figure is a median, each ratio the median of the ro
 ratios (`portability.paired_speedup`). `--json FILE` is rewritten as each model is done, so a
 run cut short keeps what it measured. Bar (issue 15): the BERT layer and the ResNet
 block at >= 1.0x onnxruntime's speed on one thread with at most 1,000 trials in all.
+`--conv winograd` has eqsched compute 3x3 stride-1 convolutions by Winograd F(2x2, 3x3)
+(`model.winograd`; each row records its `conv`); numpy and onnxruntime run the model as it is.
 
 `--schedulers` instead tunes one model with each task scheduler for the largest budget, keeps a
 copy of its database as the run passes each budget, and then times the model compiled from
